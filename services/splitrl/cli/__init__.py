@@ -1,0 +1,1 @@
+"""The `splitrl` command."""

@@ -1,0 +1,85 @@
+"""Settings models <-> argparse: each field is a flag, and SPLITRL_<FIELD> in the environment.
+
+Precedence: command-line flag, then environment variable, then the field's
+default. Values are validated by the model, so `--num-envs 0` fails with the
+field's own rule and the value in the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticUndefined
+
+ENV_PREFIX = "SPLITRL_"
+M = TypeVar("M", bound=BaseModel)
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _choices(annotation: Any) -> list[Any] | None:
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    return None
+
+
+def _is_bool(annotation: Any) -> bool:
+    if annotation is bool:
+        return True
+    origin = typing.get_origin(annotation)
+    return origin in (typing.Union, types.UnionType) and bool in typing.get_args(annotation)
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """Add one flag per field of `model`, with its description, default and environment variable in --help."""
+    for name, field in model.model_fields.items():
+        default = field.default if field.default is not PydanticUndefined else field.default_factory()  # type: ignore[misc]
+        help_text = f"{field.description or ''} [env {env_name(name)}; default: {default!r}]"
+        if _is_bool(field.annotation):
+            parser.add_argument(
+                flag_name(name),
+                dest=name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+            continue
+        parser.add_argument(
+            flag_name(name),
+            dest=name,
+            default=argparse.SUPPRESS,
+            choices=_choices(field.annotation),
+            metavar=name.upper(),
+            help=help_text,
+        )
+
+
+def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None) -> M:
+    """Build `model` from parsed flags, falling back to SPLITRL_* variables; ValueError names the bad field."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for name in model.model_fields:
+        if hasattr(namespace, name):
+            values[name] = getattr(namespace, name)
+        elif env_name(name) in environ:
+            values[name] = environ[env_name(name)]
+    try:
+        return model.model_validate(values)
+    except ValidationError as error:
+        problems = [
+            f"{flag_name(str(e['loc'][0]))} / {env_name(str(e['loc'][0]))}: {e['msg']} (got {e.get('input')!r})"
+            for e in error.errors()
+        ]
+        raise ValueError("invalid settings:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,80 @@
+"""`splitrl`: run one service (`splitrl serve SERVICE`) or a whole local training run (`splitrl up`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from splitrl.cli.args import add_settings_arguments, settings_from_args
+
+
+def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
+    # Imported here so `splitrl --help` stays fast and each service imports only what it needs.
+    from splitrl.edge_encoder.service import EdgeEncoderService
+    from splitrl.edge_encoder.settings import EdgeEncoderSettings
+    from splitrl.environment.service import EnvironmentService
+    from splitrl.environment.settings import EnvironmentSettings
+    from splitrl.inference.service import InferenceService
+    from splitrl.inference.settings import InferenceSettings
+    from splitrl.replay.service import ReplayService
+    from splitrl.replay.settings import ReplaySettings
+
+    return {
+        "environment": (
+            EnvironmentSettings,
+            EnvironmentService,
+            "Step gymnasium envs; stream frames to the edge-encoder.",
+        ),
+        "edge-encoder": (EdgeEncoderSettings, EdgeEncoderService, "Stack frames, encode (split), dial inference."),
+        "inference": (InferenceSettings, InferenceService, "Batch edge streams, act, write trajectories to replay."),
+        "replay": (ReplaySettings, ReplayService, "Store trajectory chunks; serve samples."),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from splitrl.cli.up import UpSettings
+
+    parser = argparse.ArgumentParser(
+        prog="splitrl",
+        description="Reinforcement learning split between an edge and a cloud over gRPC, every byte counted.",
+        epilog="Every flag can also be set as an environment variable: --num-envs is SPLITRL_NUM_ENVS.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = commands.add_parser("serve", help="Run one service as this process.")
+    services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
+    for name, (settings_cls, _, help_text) in _services().items():
+        add_settings_arguments(services.add_parser(name, help=help_text, description=help_text), settings_cls)
+    up = commands.add_parser(
+        "up",
+        help="Train locally: start every service on loopback, run N env steps, write a summary.",
+        description=UpSettings.__doc__,
+    )
+    add_settings_arguments(up, UpSettings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        from splitrl.core.service import run_service
+
+        settings_cls, service_cls, _ = _services()[args.service]
+        try:
+            settings = settings_from_args(settings_cls, args)
+        except ValueError as error:
+            parser.exit(2, f"splitrl serve {args.service}: {error}\n")
+        return run_service(lambda metrics: service_cls(settings, metrics), settings)
+    from splitrl.cli.up import UpSettings, run_up
+
+    try:
+        up_settings = settings_from_args(UpSettings, args)
+    except ValueError as error:
+        parser.exit(2, f"splitrl up: {error}\n")
+    return run_up(up_settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

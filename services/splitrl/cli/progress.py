@@ -1,0 +1,87 @@
+"""Live progress of `splitrl up`: a rich table on a terminal, one plain line per update otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from splitrl.core import scrape
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class Progress:
+    """Shows env steps, steps/s and bytes sent per link from the services' live /metrics."""
+
+    def __init__(self, target_steps: int, interactive: bool) -> None:
+        self.target_steps = target_steps
+        self.console = Console()
+        self._live = Live(console=self.console, refresh_per_second=4) if interactive else None
+        if self._live is not None:
+            self._live.start()
+        self._last_line = 0.0
+
+    def update(self, texts: list[str], elapsed_s: float) -> None:
+        steps = int(scrape.total(texts, "splitrl_env_steps_total"))
+        rate = steps / elapsed_s if elapsed_s > 0 else 0.0
+        sent = self._sent_bytes(texts)
+        if self._live is not None:
+            table = Table(title=f"splitrl: {steps}/{self.target_steps} env steps, {rate:.0f} steps/s")
+            table.add_column("link")
+            table.add_column("phase")
+            table.add_column("bytes sent", justify="right")
+            for (link, phase), total in sorted(sent.items()):
+                table.add_row(link, phase, _human_bytes(total))
+            self._live.update(table)
+        elif elapsed_s - self._last_line >= 5.0 or steps >= self.target_steps:
+            self._last_line = elapsed_s
+            links = ", ".join(f"{link}/{phase} {_human_bytes(b)}" for (link, phase), b in sorted(sent.items()))
+            print(
+                f"[{elapsed_s:6.1f}s] {steps}/{self.target_steps} env steps, {rate:.0f} steps/s | {links}", flush=True
+            )
+
+    @staticmethod
+    def _sent_bytes(texts: list[str]) -> dict[tuple[str, str], int]:
+        sent: dict[tuple[str, str], int] = {}
+        for link, phases in scrape.link_counts(texts).items():
+            for phase, payloads in phases.items():
+                total = sum(d.get("sent", {}).get("bytes", 0) for d in payloads.values())
+                sent[(link, phase)] = sent.get((link, phase), 0) + total
+        return sent
+
+    def close(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def print_summary(self, summary: dict[str, Any], path: Path) -> None:
+        table = Table(
+            title=f"run summary ({summary['env_steps']} env steps, {summary['env_steps_per_second']} steps/s)"
+        )
+        for column in ("link", "phase", "payload", "messages", "bytes", "elements", "bytes/step"):
+            table.add_column(column, justify="left" if column in ("link", "phase", "payload") else "right")
+        steps = max(summary["env_steps"], 1)
+        for link, phases in summary["links"].items():
+            for phase, payloads in phases.items():
+                for payload, directions in payloads.items():
+                    sent = directions.get("sent", {"messages": 0, "bytes": 0, "elements": 0})
+                    table.add_row(
+                        link,
+                        phase,
+                        payload,
+                        str(sent["messages"]),
+                        _human_bytes(sent["bytes"]),
+                        str(sent["elements"]),
+                        f"{sent['bytes'] / steps:.0f}",
+                    )
+        self.console.print(table)
+        self.console.print(f"summary written to {path}")

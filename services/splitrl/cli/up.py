@@ -1,0 +1,223 @@
+"""`splitrl up`: a whole training run on this machine, every service its own process on loopback.
+
+Start order follows the dial direction (replay, inference, edge-encoder,
+environment), each waiting for the previous one's port file. The run ends
+when the environment has taken `steps` agent steps; services then stop
+upstream-first so every queue drains into the next, each writing its final
+counters, from which `summary.json` is built. Ctrl-C (or SIGTERM) stops all
+children; a child also dies if this process is killed (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from splitrl.cli.args import flag_name
+from splitrl.cli.progress import Progress
+from splitrl.core import scrape
+from splitrl.core.config import EnvSettings, Mode, ObservationCodec, Settings
+from splitrl.core.metrics import WAN_LINKS
+
+START_ORDER = ("replay", "inference", "edge-encoder", "environment")
+
+
+class UpSettings(EnvSettings, Settings):
+    """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
+
+    mode: Mode = Field("split", description="Training mode: cloud, split or split-accumulate.")
+    codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec: frame or stack-bf16.")
+    steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
+    num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
+    action_repeat: int = Field(1, ge=1, le=16, description="Times each action is repeated.")
+    unroll_length: int = Field(32, ge=1, description="Steps per trajectory chunk.")
+    seed: int = Field(0, ge=0, description="Seed for envs and initial weights.")
+    run_dir: Path | None = Field(None, description="Where logs and summary.json go (default runs/<time>-<mode>).")
+    progress_interval_s: float = Field(1.0, gt=0, description="Seconds between live progress updates.")
+    start_timeout_s: float = Field(120.0, gt=0, description="Seconds each service may take to start serving.")
+    torch_threads: int = Field(1, ge=1, description="torch threads per service process.")
+
+
+@dataclass
+class _Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child], run_dir: Path) -> dict[str, Any]:
+    shared = {
+        "env": settings.env,
+        "env_kwargs": json.dumps(settings.env_kwargs),
+        "frame_size": settings.frame_size,
+        "frame_stack": settings.frame_stack,
+        "width": settings.width,
+    }
+    common = {
+        "host": "127.0.0.1",
+        "port": 0,
+        "metrics_port": 0,
+        "port_file": run_dir / f"{name}.ports.json",
+        "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
+        "torch_threads": settings.torch_threads,
+    }
+
+    def address(of: str) -> str:
+        return f"127.0.0.1:{children[of].ports['grpc']}"
+
+    if name == "replay":
+        return common
+    if name == "inference":
+        return {
+            **common,
+            **shared,
+            "replay_address": address("replay"),
+            "mode": settings.mode,
+            "codec": settings.codec,
+            "unroll_length": settings.unroll_length,
+            "seed": settings.seed,
+        }
+    if name == "edge-encoder":
+        return {
+            **common,
+            **shared,
+            "inference_address": address("inference"),
+            "mode": settings.mode,
+            "codec": settings.codec,
+            "seed": settings.seed,
+        }
+    return {
+        **common,
+        **shared,
+        "encoder_address": address("edge-encoder"),
+        "num_envs": settings.num_envs,
+        "action_repeat": settings.action_repeat,
+        "seed": settings.seed,
+        "max_steps": settings.steps,
+    }
+
+
+def _start(name: str, flags: dict[str, Any], run_dir: Path, timeout_s: float) -> _Child:
+    command = [sys.executable, "-m", "splitrl.cli.main", "serve", name]
+    for key, value in flags.items():
+        command += [flag_name(key), str(value)]
+    log = (run_dir / "logs" / f"{name}.log").open("wb")
+    process = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    child = _Child(name, process)
+    port_file = Path(flags["port_file"])
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode} while starting; see {log.name}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name} did not start serving within {timeout_s:.0f}s; see {log.name}")
+        time.sleep(0.05)
+    child.ports = json.loads(port_file.read_text())
+    return child
+
+
+def _stop(child: _Child, timeout_s: float) -> None:
+    if child.process.poll() is None:
+        child.process.send_signal(signal.SIGTERM)
+        try:
+            child.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def run_up(settings: UpSettings) -> int:
+    """Run the whole stack until `settings.steps` agent steps; returns the process exit code."""
+    run_dir = settings.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.mode}"
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics").mkdir(exist_ok=True)
+    children: dict[str, _Child] = {}
+    interrupted = False
+    previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    started = time.monotonic()
+    progress = Progress(settings.steps, sys.stdout.isatty())
+    try:
+        for name in START_ORDER:
+            flags = _service_flags(name, settings, children, run_dir)
+            children[name] = _start(name, flags, run_dir, settings.start_timeout_s)
+        started = time.monotonic()
+        environment = children["environment"].process
+        while environment.poll() is None:
+            progress.update(_live_texts(children), time.monotonic() - started)
+            time.sleep(settings.progress_interval_s)
+        elapsed = time.monotonic() - started
+    except KeyboardInterrupt:
+        interrupted, elapsed = True, time.monotonic() - started
+        print("\ninterrupted: stopping services", file=sys.stderr)
+    finally:
+        for name in reversed(START_ORDER):  # upstream first: each drains into the next
+            if name in children:
+                _stop(children[name], timeout_s=15.0)
+        progress.close()
+        signal.signal(signal.SIGTERM, previous_term)
+    summary = build_summary(settings, run_dir, children, elapsed, interrupted)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    progress.print_summary(summary, run_dir / "summary.json")
+    failed = [name for name, code in summary["exit_codes"].items() if code != 0]
+    return 130 if interrupted else (1 if failed else 0)
+
+
+def _live_texts(children: dict[str, _Child]) -> list[str]:
+    texts = []
+    for child in children.values():
+        try:
+            texts.append(scrape.fetch(child.ports["metrics"]))
+        except OSError:
+            continue  # a service that is shutting down; the next update will do
+    return texts
+
+
+def build_summary(
+    settings: UpSettings, run_dir: Path, children: dict[str, _Child], elapsed_s: float, interrupted: bool
+) -> dict[str, Any]:
+    """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload."""
+    texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
+    steps = int(scrape.total(texts, "splitrl_env_steps_total"))
+    links = scrape.link_counts(texts)
+    wan_bytes: dict[str, int] = {}
+    for link in WAN_LINKS & links.keys():
+        for phase, payloads in links[link].items():
+            sent = sum(directions.get("sent", {}).get("bytes", 0) for directions in payloads.values())
+            wan_bytes[phase] = wan_bytes.get(phase, 0) + sent
+    episodes = int(scrape.total(texts, "splitrl_episode_return_count"))
+    return_sum = scrape.total(texts, "splitrl_episode_return_sum")
+    return {
+        "settings": json.loads(settings.model_dump_json()),
+        "interrupted": interrupted,
+        "exit_codes": {name: child.process.returncode for name, child in children.items()},
+        "env_steps": steps,
+        "wall_seconds": round(elapsed_s, 3),
+        "env_steps_per_second": round(steps / elapsed_s, 1) if elapsed_s > 0 else None,
+        "episodes": episodes,
+        "mean_episode_return": return_sum / episodes if episodes else None,
+        "wan_bytes": wan_bytes,
+        "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
+        "links": links,
+    }

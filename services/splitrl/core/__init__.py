@@ -1,0 +1,1 @@
+"""Shared layer: everything more than one service needs."""

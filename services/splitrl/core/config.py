@@ -1,0 +1,66 @@
+"""Configuration shared by every service process.
+
+Each service has one frozen pydantic model. Field names are the CLI flags
+(`num_envs` -> `--num-envs`) and the environment variables (`SPLITRL_NUM_ENVS`);
+`splitrl.cli.args` does that mapping and nothing else reads the environment.
+Validation happens at construction, so a bad value fails before anything starts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Mode = Literal["cloud", "split", "split-accumulate"]
+#: How cloud mode sends observations over the WAN (DESIGN.md §3).
+ObservationCodec = Literal["frame", "stack-bf16"]
+
+
+class Settings(BaseModel):
+    """Base of every config: frozen, unknown keys rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerSettings(Settings):
+    """What every service process has: a gRPC server, a /metrics port, a clean shutdown."""
+
+    host: str = Field("127.0.0.1", description="Address the gRPC and metrics servers bind to.")
+    port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one (see --port-file).")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one.")
+    port_file: Path | None = Field(
+        None, description='Once serving, write the bound ports here as JSON {"grpc": N, "metrics": N}.'
+    )
+    torch_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads in this process.")
+    shutdown_grace_s: float = Field(5.0, gt=0, description="Seconds in-flight calls get to finish on SIGTERM.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
+    final_metrics_file: Path | None = Field(
+        None, description="On shutdown, after draining, write the final /metrics text here (run summaries)."
+    )
+
+
+class EnvSettings(Settings):
+    """Which environment is played, and how its frames are shaped. Every service must agree on these."""
+
+    env: str = Field("CarRacing-v3", description="Gymnasium env id with image observations (e.g. splitrl/Catch-v0).")
+    env_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="JSON object of keyword arguments for gymnasium.make."
+    )
+    frame_size: int = Field(96, ge=36, le=512, description="Frames are resized to frame_size x frame_size gray.")
+    frame_stack: int = Field(4, ge=1, le=16, description="Frames stacked into one observation.")
+    width: int = Field(
+        4096, ge=1, le=65536, description="Encoder activation width: numbers per step sent in split modes."
+    )
+
+    @field_validator("env_kwargs", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as error:
+                raise ValueError(f"env_kwargs must be a JSON object, got {value!r}: {error}") from None
+        return value

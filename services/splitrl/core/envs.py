@@ -1,0 +1,91 @@
+"""Building the environments a service steps: any gymnasium env with image observations.
+
+Observations become uint8 grayscale [frame_size, frame_size]; an action
+repeat sums rewards over repeated actions. Importing this module registers
+the fast pixel env as `splitrl/Catch-v0`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+from splitrl.core.models import ActionSpec
+
+CATCH_ID = "splitrl/Catch-v0"
+if CATCH_ID not in gym.registry:
+    gym.register(id=CATCH_ID, entry_point="splitrl.core.pixel_env:CatchEnv")
+
+
+class ActionRepeat(gym.Wrapper[Any, Any, Any, Any]):
+    """Repeat each action `repeat` times, summing rewards; stops early when the episode ends."""
+
+    def __init__(self, env: gym.Env[Any, Any], repeat: int) -> None:
+        if repeat < 1:
+            raise ValueError(f"action repeat must be >= 1, got {repeat}")
+        super().__init__(env)
+        self.repeat = repeat
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        total = 0.0
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
+
+
+def make_env(env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_repeat: int) -> gym.Env[Any, Any]:
+    """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images."""
+    env = gym.make(env_id, **env_kwargs)
+    space = env.observation_space
+    if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
+        env.close()
+        raise ValueError(f"env {env_id!r} has observation space {space}; splitrl needs uint8 images (H, W[, C])")
+    if len(space.shape) == 3:
+        if space.shape[2] == 3:
+            env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)
+        elif space.shape[2] == 1:
+            env = gym.wrappers.ReshapeObservation(env, space.shape[:2])
+        else:
+            env.close()
+            raise ValueError(f"env {env_id!r} has {space.shape[2]} channels; expected 1 (gray) or 3 (RGB)")
+    if env.observation_space.shape != (frame_size, frame_size):
+        env = gym.wrappers.ResizeObservation(env, (frame_size, frame_size))  # needs opencv-python
+    if action_repeat > 1:
+        env = ActionRepeat(env, action_repeat)
+    return env
+
+
+def make_vector_env(
+    env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, action_repeat: int
+) -> gym.vector.VectorEnv:
+    """`num_envs` envs stepped together; an ended episode resets in the same step (its first frame comes back)."""
+    vector = SyncVectorEnv(
+        [lambda: make_env(env_id, env_kwargs, frame_size, action_repeat) for _ in range(num_envs)],
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
+    return gym.wrappers.vector.RecordEpisodeStatistics(vector)
+
+
+def action_spec_of(env_id: str, env_kwargs: dict[str, Any]) -> ActionSpec:
+    """The ActionSpec of an env id, read from a throwaway instance."""
+    env = gym.make(env_id, **env_kwargs)
+    try:
+        return action_spec_from_space(env.action_space)
+    finally:
+        env.close()
+
+
+def action_spec_from_space(space: gym.Space[Any]) -> ActionSpec:
+    if isinstance(space, gym.spaces.Discrete):
+        return ActionSpec("discrete", int(space.n))
+    if isinstance(space, gym.spaces.Box) and len(space.shape) == 1:
+        return ActionSpec(
+            "continuous", int(space.shape[0]), tuple(map(float, space.low)), tuple(map(float, space.high))
+        )
+    raise ValueError(f"unsupported action space {space}; splitrl supports Discrete and 1-D Box")

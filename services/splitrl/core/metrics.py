@@ -1,0 +1,161 @@
+"""Every Prometheus series splitrl exports is defined here, and only here.
+
+Each service builds one `Metrics` on its own `CollectorRegistry` (so several
+services can share a process in tests without sharing counters) and serves it
+on its `/metrics` port.
+
+Link accounting (DESIGN.md §4): on every link both ends count each message
+they send or receive, as the serialized protobuf size (the payload of gRPC's
+length-prefixed frame), one message, and the number of tensor elements it
+carries. Labels are low-cardinality by construction: link, direction, phase,
+payload are drawn from the fixed sets below.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from google.protobuf.message import Message
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+
+from splitrl.v1 import tensor_pb2
+
+Link = Literal[
+    "env-encoder", "encoder-inference", "inference-replay", "replay-learner", "learner-inference", "learner-encoder"
+]
+#: Links that cross the edge <-> cloud boundary.
+WAN_LINKS: frozenset[str] = frozenset({"encoder-inference", "learner-encoder"})
+Direction = Literal["sent", "received"]
+Phase = Literal["rollout", "training", "weights"]
+Payload = Literal["observation", "activation", "action", "gradient", "trajectory", "ack", "batch", "request", "weights"]
+
+LINK_LABELS = ("link", "direction", "phase", "payload")
+_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+def tensor_elements(message: Message) -> int:
+    """Total elements of every splitrl.v1.Tensor inside `message`, at any depth."""
+    if isinstance(message, tensor_pb2.Tensor):
+        return math.prod(message.shape)
+    total = 0
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.is_repeated:
+            total += sum(tensor_elements(item) for item in value)
+        else:
+            total += tensor_elements(value)
+    return total
+
+
+class Metrics:
+    """All of splitrl's series, registered on one registry (one per service)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.link_bytes = Counter(
+            "splitrl_link_bytes",
+            "Serialized protobuf bytes moved on a link, as counted at this end.",
+            LINK_LABELS,
+            registry=registry,
+        )
+        self.link_messages = Counter(
+            "splitrl_link_messages",
+            "Messages moved on a link, as counted at this end.",
+            LINK_LABELS,
+            registry=registry,
+        )
+        self.link_elements = Counter(
+            "splitrl_link_elements",
+            "Tensor elements ('numbers') moved on a link, as counted at this end.",
+            LINK_LABELS,
+            registry=registry,
+        )
+        self.env_steps = Counter(
+            "splitrl_env_steps",
+            "Agent steps taken, summed over all envs (one per env per action).",
+            registry=registry,
+        )
+        # A Summary, not a Histogram: prometheus-client drops a histogram's _sum when buckets go negative,
+        # and mean return = rate(_sum) / rate(_count) is what dashboards and run summaries need.
+        self.episode_return = Summary(
+            "splitrl_episode_return", "Undiscounted return of each finished episode.", registry=registry
+        )
+        self.episode_length = Histogram(
+            "splitrl_episode_length",
+            "Agent steps in each finished episode.",
+            buckets=(10, 25, 50, 100, 250, 500, 1000, 2500),
+            registry=registry,
+        )
+        self.inference_batch_size = Histogram(
+            "splitrl_inference_batch_size",
+            "Env rows in each batch the policy ran on.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=registry,
+        )
+        self.hop_latency = Histogram(
+            "splitrl_hop_latency_seconds",
+            "Latency of one hop: a request/response round trip as seen by the caller, or a stage inside a service.",
+            ["hop"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.policy_version = Gauge(
+            "splitrl_policy_version", "Version of the policy this service currently holds.", registry=registry
+        )
+        self.trajectories = Counter(
+            "splitrl_trajectories", "Trajectory chunks completed by inference.", registry=registry
+        )
+        self.replay_size = Gauge(
+            "splitrl_replay_table_size", "Items stored in a replay table.", ["table"], registry=registry
+        )
+        self.replay_inserts = Counter(
+            "splitrl_replay_inserts", "Items acknowledged into a replay table.", ["table"], registry=registry
+        )
+        self.replay_samples = Counter(
+            "splitrl_replay_samples", "Items handed out by a replay table.", ["table"], registry=registry
+        )
+        self.rejected_requests = Counter(
+            "splitrl_rejected_requests",
+            "Requests refused for bad input, by RPC method and gRPC status code.",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.streams_open = Gauge(
+            "splitrl_streams_open", "Client streams this server is serving now.", ["method"], registry=registry
+        )
+
+
+class LinkMeter:
+    """Counts one end of one link. Cheap to call per message: label children are cached."""
+
+    def __init__(self, metrics: Metrics, link: Link) -> None:
+        self._metrics = metrics
+        self.link = link
+        self._children: dict[tuple[str, str, str], tuple[Counter, Counter, Counter]] = {}
+
+    def sent(self, message: Message, *, phase: Phase, payload: Payload) -> int:
+        """Count `message` as sent; return its size in bytes."""
+        return self._count(message, "sent", phase, payload)
+
+    def received(self, message: Message, *, phase: Phase, payload: Payload) -> int:
+        """Count `message` as received; return its size in bytes."""
+        return self._count(message, "received", phase, payload)
+
+    def _count(self, message: Message, direction: Direction, phase: Phase, payload: Payload) -> int:
+        key = (direction, phase, payload)
+        children = self._children.get(key)
+        if children is None:
+            labels = {"link": self.link, "direction": direction, "phase": phase, "payload": payload}
+            children = (
+                self._metrics.link_bytes.labels(**labels),
+                self._metrics.link_messages.labels(**labels),
+                self._metrics.link_elements.labels(**labels),
+            )
+            self._children[key] = children
+        size = message.ByteSize()
+        children[0].inc(size)
+        children[1].inc()
+        children[2].inc(tensor_elements(message))
+        return size

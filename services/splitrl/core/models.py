@@ -1,0 +1,117 @@
+"""The agent, split where the research split it: a CNN encoder (edge) and an actor-critic head (cloud).
+
+The encoder is the Nature-DQN CNN. On 4 x 96 x 96 stacks its flattened output
+is 64 x 8 x 8 = 4,096 numbers, exactly the research's activation width; any
+other width adds a linear bottleneck after the convolutions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+
+@dataclass(frozen=True)
+class ActionSpec:
+    """The action space a policy acts in: `discrete` with `size` choices, or `continuous` with `size` dims."""
+
+    kind: Literal["discrete", "continuous"]
+    size: int
+    low: tuple[float, ...] = ()
+    high: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"ActionSpec.size must be >= 1, got {self.size}")
+        if self.kind == "continuous" and not (len(self.low) == len(self.high) == self.size):
+            raise ValueError(f"continuous ActionSpec needs {self.size} low/high bounds, got {self.low}/{self.high}")
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        """Shape of one env's action: () for discrete, (size,) for continuous."""
+        return () if self.kind == "discrete" else (self.size,)
+
+
+def _conv_output_size(frame_stack: int, frame_size: int) -> int:
+    with torch.no_grad():
+        return int(_conv_stack(frame_stack)(torch.zeros(1, frame_stack, frame_size, frame_size)).shape[1])
+
+
+def _conv_stack(frame_stack: int) -> nn.Sequential:
+    return nn.Sequential(
+        nn.Conv2d(frame_stack, 32, kernel_size=8, stride=4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, kernel_size=4, stride=2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, kernel_size=3, stride=1),
+        nn.ReLU(),
+        nn.Flatten(),
+    )
+
+
+class Encoder(nn.Module):
+    """uint8 frame stacks [B, frame_stack, S, S] -> activations float32 [B, width] (>= 0: ReLU outputs)."""
+
+    def __init__(self, frame_stack: int = 4, frame_size: int = 96, width: int = 4096) -> None:
+        super().__init__()
+        conv_out = _conv_output_size(frame_stack, frame_size)
+        layers: list[nn.Module] = [_conv_stack(frame_stack)]
+        if width != conv_out:
+            layers += [nn.Linear(conv_out, width), nn.ReLU()]
+        self.net = nn.Sequential(*layers)
+        self.width = width
+        self.input_shape = (frame_stack, frame_size, frame_size)
+
+    def forward(self, stacks: torch.Tensor) -> torch.Tensor:
+        return self.net(stacks.float() / 255.0)
+
+
+class ActorCriticHead(nn.Module):
+    """Activations [B, width] -> (action distribution, value [B])."""
+
+    def __init__(self, width: int, action_spec: ActionSpec, hidden: int = 512) -> None:
+        super().__init__()
+        self.action_spec = action_spec
+        self.width = width
+        self.trunk = nn.Sequential(nn.Linear(width, hidden), nn.ReLU())
+        self.actor = nn.Linear(hidden, action_spec.size)
+        self.critic = nn.Linear(hidden, 1)
+        nn.init.orthogonal_(self.actor.weight, gain=0.01)
+        nn.init.zeros_(self.actor.bias)
+        nn.init.orthogonal_(self.critic.weight, gain=1.0)
+        nn.init.zeros_(self.critic.bias)
+        if action_spec.kind == "continuous":
+            self.log_std = nn.Parameter(torch.full((action_spec.size,), -0.5))
+
+    def forward(self, activations: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        hidden = self.trunk(activations.float())
+        logits_or_mean = self.actor(hidden)
+        value = self.critic(hidden).squeeze(-1)
+        if self.action_spec.kind == "discrete":
+            return Categorical(logits=logits_or_mean), value
+        return Independent(Normal(logits_or_mean, self.log_std.exp()), 1), value
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes shared by edge and cloud; both ends must agree on them."""
+
+    frame_stack: int = 4
+    frame_size: int = 96
+    width: int = 4096
+
+
+class ActorCritic(nn.Module):
+    """Encoder + head: the whole agent, as the cloud mode runs it."""
+
+    def __init__(self, model: ModelConfig, action_spec: ActionSpec) -> None:
+        super().__init__()
+        self.encoder = Encoder(model.frame_stack, model.frame_size, model.width)
+        self.head = ActorCriticHead(model.width, action_spec)
+
+    def forward(self, stacks: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
+        return self.head(self.encoder(stacks))

@@ -1,0 +1,143 @@
+"""gRPC plumbing shared by every service: servers, channels, error mapping.
+
+Message-size limits are explicit on both ends. Bad input is mapped to
+INVALID_ARGUMENT in one interceptor, so servicers raise `BadRequest` (or let
+wire.WireError escape) and the server keeps serving other calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from splitrl.core.metrics import Metrics
+from splitrl.core.wire import WireError
+
+log = logging.getLogger(__name__)
+
+#: Largest message either end accepts or sends (bytes). A 256-env stack-bf16
+#: step is ~19 MB; replay batches are bounded by the learner's batch size.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.so_reuseport", 0),
+)
+
+
+class BadRequest(ValueError):
+    """A request the server refuses (INVALID_ARGUMENT); the message is shown to the caller."""
+
+
+class Refused(Exception):
+    """A request that is well-formed but cannot be served now or here (FAILED_PRECONDITION)."""
+
+
+def _status_for(error: BaseException) -> grpc.StatusCode | None:
+    if isinstance(error, WireError | BadRequest):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(error, Refused):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return None
+
+
+class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
+    """Turns BadRequest / WireError / Refused raised by a handler into a gRPC status, counted by method."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _abort(self, context: grpc.aio.ServicerContext, method: str, error: Exception) -> None:
+        code = _status_for(error)
+        assert code is not None
+        self._metrics.rejected_requests.labels(method=method, code=code.name).inc()
+        log.warning("%s refused: %s: %s", method, code.name, error)
+        await context.abort(code, str(error))
+
+    def _wrap_unary(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await behaviour(request, context)
+            except (WireError, BadRequest, Refused) as error:
+                await self._abort(context, method, error)
+
+        return wrapped
+
+    def _wrap_stream(self, behaviour: Callable[..., Any], method: str) -> Callable[..., Any]:
+        async def wrapped(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            self._metrics.streams_open.labels(method=method).inc()
+            try:
+                async for response in behaviour(request_iterator, context):
+                    yield response
+            except (WireError, BadRequest, Refused) as error:
+                await self._abort(context, method, error)
+            finally:
+                self._metrics.streams_open.labels(method=method).dec()
+
+        return wrapped
+
+
+def create_server(metrics: Metrics, service_names: Sequence[str]) -> tuple[grpc.aio.Server, health.HealthServicer]:
+    """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
+
+    Health starts NOT_SERVING for every name; the caller flips it once ready.
+    """
+    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor(metrics)], options=list(SERVER_OPTIONS))
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for name in ("", *service_names):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    return server, health_servicer
+
+
+def set_serving(health_servicer: health.HealthServicer, service_names: Sequence[str], serving: bool) -> None:
+    """Flip the health status of the server ("") and each named service."""
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for name in ("", *service_names):
+        health_servicer.set(name, status)
+
+
+def insecure_channel(target: str) -> grpc.aio.Channel:
+    """A client channel with splitrl's message-size limits and keepalives."""
+    return grpc.aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))

@@ -1,0 +1,134 @@
+"""Running one service: gRPC server, /metrics endpoint, readiness, graceful shutdown.
+
+A service implements the small `Service` protocol; `ServiceHost` owns
+everything around it, the same way for all five services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import grpc
+import torch
+from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+
+from splitrl.core import rpc
+from splitrl.core.config import ServerSettings
+from splitrl.core.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Service(Protocol):
+    """What a service provides to its host."""
+
+    #: Fully qualified gRPC service names it serves (for health and reflection).
+    service_names: Sequence[str]
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Add servicers to the (not yet started) server."""
+
+    async def start(self) -> None:
+        """Start background work (clients, loops). Called after the server is listening."""
+
+    async def stop(self) -> None:
+        """Stop background work and flush what must not be lost."""
+
+    def finished(self) -> asyncio.Event | None:
+        """An event set when the service has completed its job on its own (None: runs until stopped)."""
+
+    def failure(self) -> BaseException | None:
+        """Why the service's own work failed, if it did (the process then exits with status 1)."""
+
+
+@dataclass
+class ServiceHost:
+    """A started service. `grpc_port` / `metrics_port` are the bound ports (useful when 0 was asked for)."""
+
+    service: Service
+    settings: ServerSettings
+    metrics: Metrics
+    server: grpc.aio.Server
+    grpc_port: int
+    metrics_port: int
+    _http: object = field(repr=False)
+
+    @classmethod
+    async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
+        server, health_servicer = rpc.create_server(metrics, service.service_names)
+        service.register(server)
+        grpc_port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+        if grpc_port == 0:
+            raise OSError(f"could not bind gRPC to {settings.host}:{settings.port}")
+        await server.start()
+        http, _thread = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+        metrics_port = http.server_port
+        await service.start()
+        rpc.set_serving(health_servicer, service.service_names, serving=True)
+        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http)
+        if settings.port_file is not None:
+            tmp = settings.port_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port}))
+            tmp.replace(settings.port_file)  # atomic: a reader never sees half a file
+        log.info(
+            "serving %s on %s:%d, metrics on :%d",
+            ",".join(service.service_names) or "(health only)",
+            settings.host,
+            grpc_port,
+            metrics_port,
+        )
+        return host
+
+    async def stop(self) -> None:
+        """Stop background work first (it flushes through the still-open server), then drain calls."""
+        await self.service.stop()
+        await self.server.stop(self.settings.shutdown_grace_s)
+        if self.settings.final_metrics_file is not None:
+            self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
+        self._http.shutdown()  # type: ignore[attr-defined]
+        self._http.server_close()  # type: ignore[attr-defined]
+
+
+def configure_process(settings: ServerSettings) -> None:
+    """Process-wide set-up every service entry point does first: logging and torch threads."""
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(settings.torch_threads)
+    with contextlib.suppress(RuntimeError):  # only settable before any parallel work ran
+        torch.set_num_interop_threads(1)
+
+
+def run_service(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
+    """A service process's whole life: set up, serve until signalled or finished, shut down; the exit status."""
+    configure_process(settings)
+    return asyncio.run(serve_until_signalled(build, settings))
+
+
+async def serve_until_signalled(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
+    """Build the service, run it until SIGTERM/SIGINT or until it finishes by itself, then stop it.
+
+    Returns 0, or 1 if the service reports a failure of its own work.
+    """
+    metrics = Metrics(CollectorRegistry())
+    service = build(metrics)
+    host = await ServiceHost.start(service, settings, metrics)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    waiters = [asyncio.create_task(stop.wait())]
+    finished = service.finished()
+    if finished is not None:
+        waiters.append(asyncio.create_task(finished.wait()))
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for waiter in waiters:
+        waiter.cancel()
+    log.info("shutting down (grace %.1fs)", settings.shutdown_grace_s)
+    await host.stop()
+    return 0 if service.failure() is None else 1

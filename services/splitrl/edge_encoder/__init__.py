@@ -1,0 +1,1 @@
+"""The edge-encoder service (edge): frame stacks, the CNN encoder in split modes, and the WAN uplink."""

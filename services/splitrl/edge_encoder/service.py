@@ -1,0 +1,142 @@
+"""Edge-encoder service: serves the environment's stream and dials inference, one stream per environment.
+
+For every vector step it updates the env's frame stacks and forwards what the
+mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
+the newest uint8 frame / the bf16 stack (cloud). Actions come back the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+import torch
+
+from splitrl.core import codecs, rpc, wire
+from splitrl.core.framestack import FrameStacker
+from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.models import Encoder
+from splitrl.core.rpc import BadRequest
+from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
+    """One instance per process; each environment stream gets its own stacks and its own inference stream."""
+
+    service_names: Sequence[str] = (rollout_pb2.DESCRIPTOR.services_by_name["EdgeEncoder"].full_name,)
+
+    def __init__(self, settings: EdgeEncoderSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.env_meter = LinkMeter(metrics, "env-encoder")
+        self.wan_meter = LinkMeter(metrics, "encoder-inference")
+        self.codec = codecs.stream_codec(settings.mode, settings.codec)
+        torch.manual_seed(settings.seed)
+        self.encoder = Encoder(settings.frame_stack, settings.frame_size, settings.width).eval()
+        self.encoder_version = 0
+        self._step_ids = itertools.count()
+        self._channel: grpc.aio.Channel | None = None
+
+    def register(self, server: grpc.aio.Server) -> None:
+        rollout_pb2_grpc.add_EdgeEncoderServicer_to_server(self, server)
+
+    def finished(self) -> None:
+        return None
+
+    def failure(self) -> None:
+        return None
+
+    async def start(self) -> None:
+        self._channel = rpc.insecure_channel(self.settings.inference_address)
+
+    async def stop(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def Rollout(
+        self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rollout_pb2.EnvAction]:
+        assert self._channel is not None, "start() not called"
+        metadata = ((codecs.CODEC_METADATA_KEY, self.codec), (codecs.EDGE_ID_METADATA_KEY, self.settings.edge_id))
+        call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
+        stream = _EnvStream(self.settings)
+        try:
+            async for step in request_iterator:
+                self.env_meter.received(step, phase="rollout", payload="observation")
+                request = self._act_request(stream, step)
+                sent_at = time.perf_counter()
+                self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
+                await call.write(request)
+                response = await call.read()
+                if response is grpc.aio.EOF:
+                    await call  # raises the inference's status if it failed
+                    raise ConnectionError("inference closed the stream")
+                self.wan_meter.received(response, phase="rollout", payload="action")
+                self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
+                reply = rollout_pb2.EnvAction(
+                    sequence=step.sequence, actions=response.actions, policy_version=response.policy_version
+                )
+                self.env_meter.sent(reply, phase="rollout", payload="action")
+                yield reply
+            await call.done_writing()
+        finally:
+            call.cancel()
+
+    def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> rollout_pb2.ActRequest:
+        frames, episode_start = stream.accept(step)
+        n = frames.shape[0]
+        if self.codec == "frame":
+            observations = wire.encode(frames)
+        else:
+            stacks = stream.stacker.push(frames, episode_start)
+            if self.codec == "stack-bf16":
+                observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
+            else:
+                with torch.no_grad():
+                    observations = wire.encode(self.encoder(stacks), wire.DType.DTYPE_BFLOAT16)
+        return rollout_pb2.ActRequest(
+            sequence=step.sequence,
+            observations=observations,
+            rewards=step.rewards,
+            terminated=step.terminated,
+            truncated=step.truncated,
+            step_ids=[next(self._step_ids) for _ in range(n)],
+            encoder_version=self.encoder_version,
+        )
+
+
+class _EnvStream:
+    """Validation and frame stacks for one environment stream. The env count is fixed by its first message."""
+
+    def __init__(self, settings: EdgeEncoderSettings) -> None:
+        self.settings = settings
+        self.num_envs: int | None = None
+        self.next_sequence = 0
+        self.stacker: FrameStacker
+
+    def accept(self, step: rollout_pb2.EnvStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Validate `step`; return its frames uint8 [N, S, S] and which rows start an episode, bool [N]."""
+        size = self.settings.frame_size
+        frames = wire.decode(step.frames, expect_dtype=wire.DType.DTYPE_UINT8, expect_shape=[self.num_envs, size, size])
+        n = frames.shape[0]
+        if n == 0:
+            raise BadRequest("EnvStep.frames has no envs")
+        if step.sequence != self.next_sequence:
+            raise BadRequest(f"EnvStep.sequence is {step.sequence}, expected {self.next_sequence}")
+        for name in ("rewards", "terminated", "truncated"):
+            if len(getattr(step, name)) != n:
+                raise BadRequest(f"EnvStep.{name} has {len(getattr(step, name))} entries for {n} envs")
+        if self.num_envs is None:
+            self.num_envs = n
+            self.stacker = FrameStacker(n, self.settings.frame_stack, size, size)
+            episode_start = torch.ones(n, dtype=torch.bool)
+        else:
+            episode_start = torch.tensor(step.terminated) | torch.tensor(step.truncated)
+        self.next_sequence += 1
+        return frames, episode_start

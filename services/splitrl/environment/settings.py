@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from pydantic import Field
+
+from splitrl.core.config import EnvSettings, ServerSettings
+
+
+class EnvironmentSettings(ServerSettings, EnvSettings):
+    """Settings of `splitrl serve environment`."""
+
+    encoder_address: str = Field("127.0.0.1:50051", description="host:port of the edge-encoder to stream to.")
+    num_envs: int = Field(4, ge=1, le=1024, description="Envs stepped together; one message per vector step.")
+    action_repeat: int = Field(1, ge=1, le=16, description="Times each action is repeated (rewards summed).")
+    seed: int = Field(0, ge=0, description="Seed of the first env; env i gets seed + i.")
+    max_steps: int = Field(
+        0, ge=0, description="Stop after this many agent steps over all envs (0: run until stopped)."
+    )

@@ -1,0 +1,1 @@
+"""The inference service (cloud): batches edge streams, runs the policy, writes trajectories to replay."""

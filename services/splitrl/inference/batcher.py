@@ -1,0 +1,96 @@
+"""Dynamic batching across edge streams (SEED RL's central inference).
+
+Each stream submits its vector step and awaits the result. A batch closes when
+it holds `max_batch_size` rows, when `max_wait_s` has passed since its first
+request, or as soon as every open stream has a request in it (waiting longer
+could not make it bigger).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import torch
+
+from splitrl.core.metrics import Metrics
+from splitrl.inference.policy import Decisions
+
+
+@dataclass
+class _Request:
+    observations: torch.Tensor
+    future: asyncio.Future[Decisions]
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Runs `act` on batches assembled from concurrent `submit` calls, in `executor` (off the event loop)."""
+
+    def __init__(
+        self,
+        act: Callable[[torch.Tensor], Decisions],
+        executor: Executor,
+        metrics: Metrics,
+        max_batch_size: int,
+        max_wait_s: float,
+    ) -> None:
+        if max_batch_size < 1 or max_wait_s < 0:
+            raise ValueError(f"need max_batch_size >= 1 and max_wait_s >= 0, got {max_batch_size}, {max_wait_s}")
+        self._act, self._executor, self._metrics = act, executor, metrics
+        self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_s
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self.open_streams = 0
+
+    async def submit(self, observations: torch.Tensor) -> Decisions:
+        """Queue one stream's rows and wait for their decisions."""
+        future: asyncio.Future[Decisions] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(observations, future))
+        return await future
+
+    async def run(self) -> None:
+        """The batching loop; runs until cancelled."""
+        while True:
+            batch = [await self._queue.get()]
+            rows = batch[0].observations.shape[0]
+            deadline = batch[0].queued_at + self.max_wait_s
+            while rows < self.max_batch_size and len(batch) < max(self.open_streams, 1):
+                remaining = deadline - time.perf_counter()
+                try:
+                    request = (
+                        self._queue.get_nowait()
+                        if remaining <= 0
+                        else await asyncio.wait_for(self._queue.get(), remaining)
+                    )
+                except (asyncio.QueueEmpty, TimeoutError):
+                    break
+                batch.append(request)
+                rows += request.observations.shape[0]
+            await self._run_batch(batch)
+
+    async def _run_batch(self, batch: list[_Request]) -> None:
+        started = time.perf_counter()
+        for request in batch:
+            self._metrics.hop_latency.labels(hop="inference-queue").observe(started - request.queued_at)
+        observations = torch.cat([request.observations for request in batch])
+        self._metrics.inference_batch_size.observe(observations.shape[0])
+        try:
+            decisions = await asyncio.get_running_loop().run_in_executor(self._executor, self._act, observations)
+        except Exception as error:  # a failed batch fails its callers, not the loop
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(error)
+            return
+        self._metrics.hop_latency.labels(hop="inference-compute").observe(time.perf_counter() - started)
+        offset = 0
+        for request in batch:
+            n = request.observations.shape[0]
+            part = Decisions(
+                *(t[offset : offset + n] for t in (decisions.actions, decisions.log_probs, decisions.values))
+            )
+            offset += n
+            if not request.future.done():  # the stream may have gone away meanwhile
+                request.future.set_result(part)

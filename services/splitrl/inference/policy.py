@@ -1,0 +1,45 @@
+"""The policy inference runs: the head alone (split modes) or encoder + head (cloud)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, ModelConfig
+
+
+@dataclass
+class Decisions:
+    """What the policy decided for a batch of B rows."""
+
+    actions: torch.Tensor  # int64 [B] or float32 [B, A]
+    log_probs: torch.Tensor  # float32 [B]
+    values: torch.Tensor  # float32 [B]
+
+
+class Policy:
+    """Samples actions. `version` counts the weight updates applied (0 = initial weights)."""
+
+    def __init__(self, cloud: bool, model: ModelConfig, action_spec: ActionSpec, seed: int) -> None:
+        torch.manual_seed(seed)
+        self.network: torch.nn.Module = (
+            ActorCritic(model, action_spec) if cloud else ActorCriticHead(model.width, action_spec)
+        )
+        self.network.eval()
+        self.action_spec = action_spec
+        self.version = 0
+        self._generator = torch.Generator().manual_seed(seed)
+
+    @torch.no_grad()
+    def act(self, observations: torch.Tensor) -> Decisions:
+        """observations: uint8 stacks [B, stack, S, S] (cloud) or activations [B, width] (split)."""
+        distribution, values = self.network(observations)
+        if self.action_spec.kind == "discrete":
+            probs = distribution.probs  # type: ignore[attr-defined]
+            actions = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
+        else:
+            base = distribution.base_dist  # type: ignore[attr-defined]
+            noise = torch.randn(base.loc.shape, generator=self._generator)
+            actions = base.loc + base.scale * noise
+        return Decisions(actions, distribution.log_prob(actions).float(), values.float())

@@ -1,0 +1,112 @@
+"""Asynchronous, acknowledged writes of trajectory chunks to replay.
+
+Acting never waits for replay unless `max_pending` chunks are already
+buffered (backpressure, bounded memory). A chunk stays buffered until replay
+acknowledges it; if the stream breaks, unacknowledged chunks are re-sent in
+order on the next connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+
+import grpc
+
+from splitrl.core import rpc
+from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.v1 import replay_pb2, replay_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class ReplayWriter:
+    """Streams InsertRequests to one replay table; `flush` waits until everything queued is acknowledged."""
+
+    def __init__(self, address: str, table: str, metrics: Metrics, max_pending: int) -> None:
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1, got {max_pending}")
+        self.address, self.table, self._metrics = address, table, metrics
+        self._meter = LinkMeter(metrics, "inference-replay")
+        self._slots = asyncio.Semaphore(max_pending)
+        self._unacked: OrderedDict[int, tuple[replay_pb2.InsertRequest, float]] = OrderedDict()
+        self._outbox: asyncio.Queue[int] = asyncio.Queue()
+        self._next_sequence = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.acknowledged = 0
+
+    async def put(self, trajectory: replay_pb2.Trajectory) -> None:
+        """Queue one chunk; blocks while `max_pending` chunks are unacknowledged."""
+        await self._slots.acquire()
+        request = replay_pb2.InsertRequest(table=self.table, sequence=self._next_sequence, trajectory=trajectory)
+        self._unacked[self._next_sequence] = (request, time.perf_counter())
+        self._idle.clear()
+        await self._outbox.put(self._next_sequence)
+        self._next_sequence += 1
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until every queued chunk is acknowledged; False if `timeout_s` passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            log.warning("%d chunks not acknowledged by replay at shutdown", len(self._unacked))
+            return False
+
+    async def run(self) -> None:
+        """Keep a stream to replay open, reconnecting with backoff, until cancelled."""
+        backoff = 0.1
+        async with rpc.insecure_channel(self.address) as channel:
+            stub = replay_pb2_grpc.ReplayStub(channel)
+            while True:
+                try:
+                    await self._stream(stub)
+                    backoff = 0.1
+                except grpc.aio.AioRpcError as error:
+                    log.warning(
+                        "replay stream broke (%s: %s); retrying in %.1fs", error.code().name, error.details(), backoff
+                    )
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+    async def _stream(self, stub: replay_pb2_grpc.ReplayStub) -> None:
+        # Re-send, in order, whatever the previous stream did not get acknowledged.
+        self._outbox = asyncio.Queue()
+        for sequence in self._unacked:
+            self._outbox.put_nowait(sequence)
+        call = stub.Insert()
+        reader = asyncio.create_task(self._read_acks(call))
+        try:
+            while True:
+                get = asyncio.create_task(self._outbox.get())
+                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if reader in done:
+                    get.cancel()
+                    reader.result()  # raises the stream's error
+                    return
+                entry = self._unacked.get(get.result())
+                if entry is None:  # acknowledged by an earlier stream
+                    continue
+                self._meter.sent(entry[0], phase="rollout", payload="trajectory")
+                await call.write(entry[0])
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await reader
+            call.cancel()
+
+    async def _read_acks(self, call: grpc.aio.StreamStreamCall) -> None:
+        async for ack in call:
+            self._meter.received(ack, phase="rollout", payload="ack")
+            entry = self._unacked.pop(ack.sequence, None)
+            if entry is None:
+                continue  # a duplicate acknowledgement of a re-sent chunk
+            self._metrics.hop_latency.labels(hop="inference-replay").observe(time.perf_counter() - entry[1])
+            self.acknowledged += 1
+            self._slots.release()
+            if not self._unacked:
+                self._idle.set()

@@ -1,0 +1,161 @@
+"""Inference service: serves edge streams, batches them, acts, and records trajectories.
+
+Per stream it validates each ActRequest against the configured mode, turns it
+into policy input (stacking frames itself for the `frame` codec), submits it
+to the shared Batcher, answers with actions, and feeds the TrajectoryCutter
+whose chunks go to replay through the ReplayWriter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import torch
+
+from splitrl.core import codecs, wire
+from splitrl.core.envs import action_spec_of
+from splitrl.core.framestack import FrameStacker
+from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.models import ModelConfig
+from splitrl.core.rpc import BadRequest, Refused
+from splitrl.inference.batcher import Batcher
+from splitrl.inference.policy import Policy
+from splitrl.inference.replay_writer import ReplayWriter
+from splitrl.inference.settings import InferenceSettings
+from splitrl.inference.trajectories import TrajectoryCutter
+from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class InferenceService(rollout_pb2_grpc.InferenceServicer):
+    """Central, batched inference for every edge stream."""
+
+    service_names: Sequence[str] = (rollout_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,)
+
+    def __init__(self, settings: InferenceSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.meter = LinkMeter(metrics, "encoder-inference")
+        self.codec = codecs.stream_codec(settings.mode, settings.codec)
+        self.model_config = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
+        self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
+        self.policy = Policy(settings.mode == "cloud", self.model_config, self.action_spec, settings.seed)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
+        self.batcher = Batcher(
+            self.policy.act, self._executor, metrics, settings.max_batch_size, settings.max_wait_ms / 1000
+        )
+        self.writer = ReplayWriter(
+            settings.replay_address, settings.replay_table, metrics, settings.max_pending_inserts
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def register(self, server: grpc.aio.Server) -> None:
+        rollout_pb2_grpc.add_InferenceServicer_to_server(self, server)
+
+    def finished(self) -> None:
+        return None
+
+    def failure(self) -> None:
+        return None
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self.batcher.run(), name="batcher"),
+            asyncio.create_task(self.writer.run(), name="replay-writer"),
+        ]
+
+    async def stop(self) -> None:
+        await self.writer.flush(timeout_s=self.settings.shutdown_grace_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    async def Act(
+        self, request_iterator: AsyncIterator[rollout_pb2.ActRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rollout_pb2.ActResponse]:
+        metadata = dict(context.invocation_metadata() or ())
+        codec = metadata.get(codecs.CODEC_METADATA_KEY)
+        if codec != self.codec:
+            raise Refused(
+                f"this inference serves {self.settings.mode!r} mode and expects codec {self.codec!r}; "
+                f"the stream announced {codec!r}"
+            )
+        stream = _EdgeStream(self.settings, self.codec)
+        self.batcher.open_streams += 1
+        try:
+            async for request in request_iterator:
+                self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.codec))
+                observations = stream.policy_input(request)
+                decisions = await self.batcher.submit(observations)
+                response = rollout_pb2.ActResponse(
+                    sequence=request.sequence,
+                    actions=wire.encode(decisions.actions),
+                    policy_version=self.policy.version,
+                )
+                self.meter.sent(response, phase="rollout", payload="action")
+                yield response
+                for chunk in stream.record(request, observations, decisions, self.policy.version):
+                    self.metrics.trajectories.inc()
+                    await self.writer.put(chunk.to_proto())
+        finally:
+            self.batcher.open_streams -= 1
+
+
+class _EdgeStream:
+    """Validation, cloud-side frame stacks and trajectory cutting for one edge stream."""
+
+    def __init__(self, settings: InferenceSettings, codec: codecs.StreamCodec) -> None:
+        self.settings, self.codec = settings, codec
+        self.num_envs: int | None = None
+        self.next_sequence = 0
+        self.cutter = TrajectoryCutter(settings.unroll_length)
+        self.stacker: FrameStacker | None = None
+
+    def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
+        """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
+        s = self.settings
+        dtype, shape = codecs.expected_observation(self.codec, self.num_envs, s.frame_stack, s.frame_size, s.width)
+        observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
+        n = observations.shape[0]
+        if n == 0:
+            raise BadRequest("ActRequest.observations has no envs")
+        if request.sequence != self.next_sequence:
+            raise BadRequest(f"ActRequest.sequence is {request.sequence}, expected {self.next_sequence}")
+        for name in ("rewards", "terminated", "truncated", "step_ids"):
+            if len(getattr(request, name)) != n:
+                raise BadRequest(f"ActRequest.{name} has {len(getattr(request, name))} entries for {n} envs")
+        if self.codec == "activation" and not bool(torch.isfinite(observations).all()):
+            raise BadRequest("ActRequest.observations holds NaN or Inf activations")
+        first = self.num_envs is None
+        self.num_envs = n
+        self.next_sequence += 1
+        if self.codec == "frame":
+            if self.stacker is None:
+                self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
+            starts = (
+                torch.ones(n, dtype=torch.bool)
+                if first
+                else (torch.tensor(request.terminated) | torch.tensor(request.truncated))
+            )
+            return self.stacker.push(observations, starts).clone()
+        if self.codec == "stack-bf16":
+            return observations.clamp(0, 255).round().to(torch.uint8)
+        return observations
+
+    def record(self, request: rollout_pb2.ActRequest, observations: torch.Tensor, decisions, version: int) -> list:
+        return self.cutter.add(
+            observations,
+            decisions,
+            version,
+            step_ids=torch.tensor(request.step_ids, dtype=torch.int64),
+            encoder_version=request.encoder_version,
+            previous_rewards=torch.tensor(request.rewards, dtype=torch.float32),
+            previous_terminated=torch.tensor(request.terminated, dtype=torch.bool),
+            previous_truncated=torch.tensor(request.truncated, dtype=torch.bool),
+        )

@@ -1,0 +1,102 @@
+from splitrl.v1 import tensor_pb2 as _tensor_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Trajectory(_message.Message):
+    __slots__ = ("observations", "actions", "behaviour_log_probs", "values", "rewards", "terminated", "truncated", "policy_versions", "step_ids", "encoder_versions")
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    BEHAVIOUR_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    STEP_IDS_FIELD_NUMBER: _ClassVar[int]
+    ENCODER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    observations: _tensor_pb2.Tensor
+    actions: _tensor_pb2.Tensor
+    behaviour_log_probs: _tensor_pb2.Tensor
+    values: _tensor_pb2.Tensor
+    rewards: _tensor_pb2.Tensor
+    terminated: _tensor_pb2.Tensor
+    truncated: _tensor_pb2.Tensor
+    policy_versions: _tensor_pb2.Tensor
+    step_ids: _tensor_pb2.Tensor
+    encoder_versions: _tensor_pb2.Tensor
+    def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., behaviour_log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., step_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., encoder_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+
+class InsertRequest(_message.Message):
+    __slots__ = ("table", "sequence", "trajectory", "priority")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    sequence: int
+    trajectory: Trajectory
+    priority: float
+    def __init__(self, table: _Optional[str] = ..., sequence: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., priority: _Optional[float] = ...) -> None: ...
+
+class InsertResponse(_message.Message):
+    __slots__ = ("sequence", "key")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    key: int
+    def __init__(self, sequence: _Optional[int] = ..., key: _Optional[int] = ...) -> None: ...
+
+class SampleRequest(_message.Message):
+    __slots__ = ("table", "num_items")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_ITEMS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    num_items: int
+    def __init__(self, table: _Optional[str] = ..., num_items: _Optional[int] = ...) -> None: ...
+
+class SampledItem(_message.Message):
+    __slots__ = ("key", "trajectory", "probability", "times_sampled")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
+    PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    trajectory: Trajectory
+    probability: float
+    times_sampled: int
+    def __init__(self, key: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., probability: _Optional[float] = ..., times_sampled: _Optional[int] = ...) -> None: ...
+
+class SampleResponse(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[SampledItem]
+    def __init__(self, items: _Optional[_Iterable[_Union[SampledItem, _Mapping]]] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TableInfo(_message.Message):
+    __slots__ = ("name", "size", "max_size", "inserts", "samples")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
+    INSERTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    size: int
+    max_size: int
+    inserts: int
+    samples: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., max_size: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("tables",)
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
+    def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
