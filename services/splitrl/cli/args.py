@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import PydanticUndefined
 
 ENV_PREFIX = "SPLITRL_"
 M = TypeVar("M", bound=BaseModel)
@@ -45,7 +44,7 @@ def _is_bool(annotation: Any) -> bool:
 def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """Add one flag per field of `model`, with its description, default and environment variable in --help."""
     for name, field in model.model_fields.items():
-        default = field.default if field.default is not PydanticUndefined else field.default_factory()  # type: ignore[misc]
+        default = field.get_default(call_default_factory=True, validated_data={})
         help_text = f"{field.description or ''} [env {env_name(name)}; default: {default!r}]"
         if _is_bool(field.annotation):
             parser.add_argument(

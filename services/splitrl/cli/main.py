@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         settings_cls, service_cls, _ = _services()[args.service]
         try:
-            settings = settings_from_args(settings_cls, args)
+            settings: Any = settings_from_args(settings_cls, args)
         except ValueError as error:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")
         return run_service(lambda metrics: service_cls(settings, metrics), settings)

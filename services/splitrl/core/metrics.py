@@ -13,12 +13,12 @@ payload are drawn from the fixed sets below.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
 
+from splitrl.core import wire
 from splitrl.v1 import tensor_pb2
 
 Link = Literal[
@@ -35,9 +35,17 @@ _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 
 
 
 def tensor_elements(message: Message) -> int:
-    """Total elements of every splitrl.v1.Tensor inside `message`, at any depth."""
+    """Total elements of every splitrl.v1.Tensor inside `message`, at any depth.
+
+    Counted from the bytes each tensor carries (len(data) / itemsize), which equals
+    product(shape) for every valid tensor and cannot be inflated or made negative
+    by a forged shape; a tensor of unknown dtype counts 0.
+    """
     if isinstance(message, tensor_pb2.Tensor):
-        return math.prod(message.shape)
+        try:
+            return len(message.data) // wire.itemsize(message.dtype)
+        except wire.WireError:
+            return 0
     total = 0
     for field, value in message.ListFields():
         if field.message_type is None:

@@ -37,7 +37,8 @@ class CatchEnv(gym.Env[np.ndarray, Any]):
         self.grid, self.cell, self.paddle_width = grid, frame_size // grid, paddle_width
         self.render_mode = render_mode
         self.continuous = continuous
-        self.observation_space = gym.spaces.Box(0, 255, (frame_size, frame_size), np.uint8)
+        self.frame_shape = (frame_size, frame_size)
+        self.observation_space = gym.spaces.Box(0, 255, self.frame_shape, np.uint8)
         self.action_space: gym.Space[Any] = (
             gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(3)
         )
@@ -50,7 +51,7 @@ class CatchEnv(gym.Env[np.ndarray, Any]):
         return int(action) - 1
 
     def _frame(self) -> np.ndarray:
-        frame = np.zeros(self.observation_space.shape, np.uint8)
+        frame = np.zeros(self.frame_shape, np.uint8)
         c = self.cell
         frame[self._ball_row * c : (self._ball_row + 1) * c, self._ball_col * c : (self._ball_col + 1) * c] = BALL
         bottom = (self.grid - 1) * c

@@ -68,10 +68,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Any],
         handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
+        if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED
+            return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
@@ -117,25 +117,26 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
 
-def create_server(metrics: Metrics, service_names: Sequence[str]) -> tuple[grpc.aio.Server, health.HealthServicer]:
+async def create_server(
+    metrics: Metrics, service_names: Sequence[str]
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
 
     Health starts NOT_SERVING for every name; the caller flips it once ready.
     """
     server = grpc.aio.server(interceptors=[ErrorMappingInterceptor(metrics)], options=list(SERVER_OPTIONS))
-    health_servicer = health.HealthServicer()
+    health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for name in ("", *service_names):
-        health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await set_serving(health_servicer, service_names, serving=False)
     reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     return server, health_servicer
 
 
-def set_serving(health_servicer: health.HealthServicer, service_names: Sequence[str], serving: bool) -> None:
-    """Flip the health status of the server ("") and each named service."""
+async def set_serving(health_servicer: health.aio.HealthServicer, service_names: Sequence[str], serving: bool) -> None:
+    """Set the health status of the server ("") and of each named service."""
     status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
     for name in ("", *service_names):
-        health_servicer.set(name, status)
+        await health_servicer.set(name, status)
 
 
 def insecure_channel(target: str) -> grpc.aio.Channel:

@@ -59,10 +59,11 @@ class ServiceHost:
     grpc_port: int
     metrics_port: int
     _http: object = field(repr=False)
+    _health: object = field(repr=False)
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
-        server, health_servicer = rpc.create_server(metrics, service.service_names)
+        server, health_servicer = await rpc.create_server(metrics, service.service_names)
         service.register(server)
         grpc_port = server.add_insecure_port(f"{settings.host}:{settings.port}")
         if grpc_port == 0:
@@ -71,8 +72,8 @@ class ServiceHost:
         http, _thread = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
         metrics_port = http.server_port
         await service.start()
-        rpc.set_serving(health_servicer, service.service_names, serving=True)
-        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http)
+        await rpc.set_serving(health_servicer, service.service_names, serving=True)
+        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer)
         if settings.port_file is not None:
             tmp = settings.port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port}))
@@ -87,7 +88,8 @@ class ServiceHost:
         return host
 
     async def stop(self) -> None:
-        """Stop background work first (it flushes through the still-open server), then drain calls."""
+        """Report NOT_SERVING, stop background work (it flushes through the still-open server), drain calls."""
+        await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         await self.service.stop()
         await self.server.stop(self.settings.shutdown_grace_s)
         if self.settings.final_metrics_file is not None:

@@ -89,7 +89,7 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None) -> Tensor
     tensor = tensor.contiguous()
     # numpy has no bfloat16: reinterpret 2-byte types as int16 to reach the raw bytes.
     raw = tensor.view(torch.int16) if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
-    return Tensor(dtype=code, shape=list(tensor.shape), data=raw.numpy().tobytes())
+    return Tensor(dtype=code, shape=list(tensor.shape), data=raw.numpy().tobytes())  # type: ignore[arg-type]
 
 
 def validate(

@@ -57,7 +57,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
     async def stop(self) -> None:
         if self._channel is not None:
-            await self._channel.close()
+            await self._channel.close(grace=None)
 
     async def Rollout(
         self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext

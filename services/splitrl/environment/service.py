@@ -115,8 +115,8 @@ class EnvironmentService:
             if actions.min() < 0 or actions.max() >= spec.size:
                 raise ValueError(f"action outside [0, {spec.size}): {actions.tolist()}")
             return actions
-        actions = wire.decode(reply.actions, expect_dtype=wire.DType.DTYPE_FLOAT32, expect_shape=[n, spec.size])
-        return np.clip(actions.numpy(), spec.low, spec.high)
+        continuous = wire.decode(reply.actions, expect_dtype=wire.DType.DTYPE_FLOAT32, expect_shape=[n, spec.size])
+        return np.clip(continuous.numpy(), spec.low, spec.high)
 
     def _record(self, info: dict) -> None:
         self.metrics.env_steps.inc(self.settings.num_envs)

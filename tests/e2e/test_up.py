@@ -1,0 +1,123 @@
+"""`splitrl up` exactly as README shows it: separate processes, a summary, and no orphans."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def splitrl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "splitrl.cli.main", *args]
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """PIDs whose command line contains `text` (the run directory is unique to each test)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+@pytest.mark.parametrize("mode", ["split", "cloud"])
+def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        splitrl(
+            "up",
+            "--mode",
+            mode,
+            "--env",
+            "splitrl/Catch-v0",
+            "--steps",
+            "600",
+            "--num-envs",
+            "4",
+            "--run-dir",
+            str(run_dir),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 600
+    assert summary["exit_codes"] == {"replay": 0, "inference": 0, "edge-encoder": 0, "environment": 0}
+    assert summary["episodes"] > 0 and -1.0 <= summary["mean_episode_return"] <= 1.0
+    per_step = summary["wan_bytes_per_env_step"]["rollout"]
+    payload = 8192 if mode == "split" else 9216  # bf16 activations vs one uint8 frame
+    assert payload < per_step < payload + 64, per_step
+    uplink = summary["links"]["encoder-inference"]["rollout"]
+    for ends in uplink.values():
+        assert ends["sent"] == ends["received"]
+    assert "summary written to" in result.stdout
+    assert not processes_mentioning(str(run_dir))
+
+
+def test_ctrl_c_stops_every_service(tmp_path):
+    run_dir = tmp_path / "run"
+    up = subprocess.Popen(
+        splitrl("up", "--env", "splitrl/Catch-v0", "--steps", "100000000", "--run-dir", str(run_dir)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "environment.ports.json").exists():
+            assert up.poll() is None, up.stdout.read() if up.stdout else ""
+            assert time.monotonic() < deadline, "stack did not start"
+            time.sleep(0.1)
+        assert len(processes_mentioning(str(run_dir))) >= 5  # up itself + four services
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=90)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, output
+    assert "interrupted" in output
+    assert not processes_mentioning(str(run_dir)), "orphaned service processes"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["env_steps"] > 0
+
+
+def test_killing_up_takes_its_services_down(tmp_path):
+    """Even SIGKILL, which up cannot catch, leaves no services behind (PR_SET_PDEATHSIG)."""
+    run_dir = tmp_path / "run"
+    up = subprocess.Popen(
+        splitrl("up", "--env", "splitrl/Catch-v0", "--steps", "100000000", "--run-dir", str(run_dir)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "environment.ports.json").exists():
+        assert up.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(up.pid, signal.SIGKILL)
+    up.wait()
+    deadline = time.monotonic() + 30
+    while processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_mentioning(str(run_dir)), "services outlived a killed splitrl up"
+
+
+def test_bad_flag_fails_fast_with_the_value(tmp_path):
+    result = subprocess.run(
+        splitrl("up", "--num-envs", "0", "--run-dir", str(tmp_path)), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert "--num-envs" in result.stderr and "'0'" in result.stderr

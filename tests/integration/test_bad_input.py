@@ -1,0 +1,169 @@
+"""Malformed input gets a clear gRPC status, is counted, and the server keeps serving."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from splitrl.core import rpc, scrape, wire
+from splitrl.edge_encoder.service import EdgeEncoderService
+from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.inference.service import InferenceService
+from splitrl.inference.settings import InferenceSettings
+from splitrl.replay.service import ReplayService
+from splitrl.replay.settings import ReplaySettings
+from splitrl.v1 import replay_pb2, replay_pb2_grpc, rollout_pb2, rollout_pb2_grpc
+from tests.integration.stack import FAST_ENV, address, start
+
+WIDTH = 4096
+ACTIVATION = (("splitrl-codec", "activation"),)
+
+
+@pytest.fixture
+async def cloud_side():
+    """Replay and a split-mode inference, as the edge sees them."""
+    replay = await start(ReplayService, ReplaySettings())
+    inference = await start(
+        InferenceService, InferenceSettings(env=FAST_ENV, mode="split", replay_address=address(replay))
+    )
+    channel = rpc.insecure_channel(address(inference))
+    yield inference, replay, channel
+    await channel.close()
+    await inference.stop()
+    await replay.stop()
+
+
+def act_request(sequence: int = 0, n: int = 2, data: bytes | None = None) -> rollout_pb2.ActRequest:
+    observations = wire.encode(torch.rand(n, WIDTH), wire.DType.DTYPE_BFLOAT16)
+    if data is not None:
+        observations.data = data
+    return rollout_pb2.ActRequest(
+        sequence=sequence,
+        observations=observations,
+        rewards=[0.0] * n,
+        terminated=[False] * n,
+        truncated=[False] * n,
+        step_ids=list(range(n)),
+    )
+
+
+async def one_exchange(channel, request, metadata=ACTIVATION):
+    call = rollout_pb2_grpc.InferenceStub(channel).Act(metadata=metadata)
+    await call.write(request)
+    return await call.read()
+
+
+async def assert_still_serves(channel) -> None:
+    response = await one_exchange(channel, act_request())
+    assert wire.decode(response.actions).shape == (2,)
+
+
+async def expect_status(code: grpc.StatusCode, coroutine) -> str:
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await coroutine
+    assert raised.value.code() == code, raised.value.details()
+    return raised.value.details()
+
+
+async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(cloud_side):
+    inference, _, channel = cloud_side
+    details = await expect_status(
+        grpc.StatusCode.INVALID_ARGUMENT, one_exchange(channel, act_request(data=b"\x00" * 100))
+    )
+    assert "100 bytes" in details and "16384" in details
+    await assert_still_serves(channel)
+    rejected = scrape.total([scrape.fetch(inference.metrics_port)], "splitrl_rejected_requests_total")
+    assert rejected == 1
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda r: r.observations.ClearField("shape") or r.observations.shape.extend([2, 1000]), "shape"),
+        (lambda r: setattr(r.observations, "dtype", 99), "unsupported tensor dtype"),
+        (lambda r: setattr(r.observations, "dtype", wire.DType.DTYPE_FLOAT16), "expected DTYPE_BFLOAT16"),
+        (lambda r: r.observations.shape.__setitem__(0, -2), "negative"),
+        (lambda r: setattr(r, "sequence", 5), "sequence is 5, expected 0"),
+        (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
+        (
+            lambda r: r.observations.CopyFrom(
+                wire.encode(torch.full((2, WIDTH), float("nan")), wire.DType.DTYPE_BFLOAT16)
+            ),
+            "NaN",
+        ),
+    ],
+    ids=["wrong-width", "unknown-dtype", "wrong-dtype", "negative-dim", "out-of-order", "ragged", "nan"],
+)
+async def test_each_malformed_act_request_is_refused_clearly(cloud_side, mutate, fragment):
+    _, _, channel = cloud_side
+    request = act_request()
+    mutate(request)
+    details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, one_exchange(channel, request))
+    assert fragment in details
+    await assert_still_serves(channel)
+
+
+async def test_stream_with_the_wrong_codec_is_refused(cloud_side):
+    _, _, channel = cloud_side
+    details = await expect_status(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        one_exchange(channel, act_request(), metadata=(("splitrl-codec", "frame"),)),
+    )
+    assert "expects codec 'activation'" in details
+    await assert_still_serves(channel)
+
+
+async def test_oversize_message_is_refused_by_the_server_which_keeps_serving(cloud_side):
+    inference, _, channel = cloud_side
+    huge = act_request(data=b"\x00" * (rpc.MAX_MESSAGE_BYTES + 1))
+    # A raw client with gRPC's default (unlimited) send size: only the server's limit stands in the way.
+    async with grpc.aio.insecure_channel(address(inference)) as raw:
+        details = await expect_status(grpc.StatusCode.RESOURCE_EXHAUSTED, one_exchange(raw, huge))
+    assert "larger than max" in details
+    await assert_still_serves(channel)
+
+
+async def test_replay_refuses_bad_trajectories_and_unknown_tables(cloud_side):
+    _, replay, _ = cloud_side
+    async with rpc.insecure_channel(address(replay)) as channel:
+        stub = replay_pb2_grpc.ReplayStub(channel)
+
+        async def insert(request):
+            call = stub.Insert()
+            await call.write(request)
+            return await call.read()
+
+        details = await expect_status(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            insert(replay_pb2.InsertRequest(table="rollouts", trajectory=replay_pb2.Trajectory())),
+        )
+        assert "Trajectory.observations is missing" in details
+        details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, insert(replay_pb2.InsertRequest(table="nope")))
+        assert "unknown table 'nope'" in details
+        details = await expect_status(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            stub.Sample(replay_pb2.SampleRequest(table="rollouts", num_items=0), timeout=5),
+        )
+        assert "num_items" in details
+        info = await stub.Info(replay_pb2.InfoRequest(), timeout=5)
+        assert [(t.name, t.size) for t in info.tables] == [("rollouts", 0)]
+
+
+async def test_edge_encoder_refuses_bad_frames():
+    # The edge-encoder's inference is never reached: validation fails first.
+    settings = EdgeEncoderSettings(env=FAST_ENV, mode="split", inference_address="127.0.0.1:1")
+    edge = await start(EdgeEncoderService, settings)
+    try:
+        async with rpc.insecure_channel(address(edge)) as channel:
+            call = rollout_pb2_grpc.EdgeEncoderStub(channel).Rollout()
+            frames = wire.encode(torch.zeros(2, 64, 64, dtype=torch.uint8))
+            await call.write(rollout_pb2.EnvStep(frames=frames, rewards=[0, 0], terminated=[0, 0], truncated=[0, 0]))
+            details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, call.read())
+            assert "[2, 64, 64] does not match expected ['*', 96, 96]" in details
+            health = health_pb2_grpc.HealthStub(channel)
+            status = await health.Check(health_pb2.HealthCheckRequest(service="splitrl.v1.EdgeEncoder"), timeout=5)
+            assert status.status == health_pb2.HealthCheckResponse.SERVING
+    finally:
+        await edge.stop()

@@ -1,0 +1,77 @@
+"""The rollout path end to end in one process: counters agree on both ends and match the codec."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from splitrl.core import scrape
+from tests.integration.stack import Stack
+
+NUM_ENVS = 2
+STEPS = 320  # agent steps: 160 vector steps of 2 envs
+FRAME = 96 * 96
+#: Protobuf framing around the observations tensor plus rewards, flags, step ids and sequence, per message.
+MAX_OVERHEAD_BYTES = 64
+
+
+@pytest.fixture(
+    params=[("split", "frame"), ("split-accumulate", "frame"), ("cloud", "frame"), ("cloud", "stack-bf16")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+async def finished_run(request):
+    mode, codec = request.param
+    stack = await Stack.start(mode, codec, num_envs=NUM_ENVS, steps=STEPS)
+    try:
+        await stack.wait_done()
+        yield mode, codec, stack.scrape()
+    finally:
+        await stack.stop()
+
+
+def test_every_link_counts_the_same_on_both_ends(finished_run):
+    _, _, texts = finished_run
+    links = scrape.link_counts(texts.values())
+    assert {"env-encoder", "encoder-inference", "inference-replay"} <= links.keys()
+    for link, phases in links.items():
+        for phase, payloads in phases.items():
+            for payload, ends in payloads.items():
+                assert ends.get("sent") == ends.get("received"), f"{link}/{phase}/{payload}: {ends}"
+                assert ends["sent"]["messages"] > 0
+
+
+def test_wan_bytes_per_step_match_the_codec(finished_run):
+    mode, codec, texts = finished_run
+    links = scrape.link_counts(texts.values())
+    uplink = links["encoder-inference"]["rollout"]
+    payload, per_env_bytes, per_env_elements = (
+        {
+            "frame": ("observation", FRAME, FRAME),
+            "stack-bf16": ("observation", 4 * FRAME * 2, 4 * FRAME),
+        }[codec]
+        if mode == "cloud"
+        else ("activation", 4096 * 2, 4096)
+    )
+    sent = uplink[payload]["sent"]
+    vector_steps = STEPS // NUM_ENVS
+    assert sent["messages"] == vector_steps
+    assert sent["elements"] == vector_steps * NUM_ENVS * per_env_elements
+    overhead = sent["bytes"] / vector_steps - NUM_ENVS * per_env_bytes
+    assert 0 < overhead <= MAX_OVERHEAD_BYTES, f"{overhead} bytes of overhead per message"
+    assert set(uplink) == {payload, "action"}, "nothing else crosses the WAN during rollout"
+    actions = uplink["action"]["sent"]
+    assert actions["messages"] == vector_steps and actions["elements"] == vector_steps * NUM_ENVS
+
+
+def test_env_steps_trajectories_and_replay_agree(finished_run):
+    _, _, texts = finished_run
+    assert scrape.total([texts["environment"]], "splitrl_env_steps_total") == STEPS
+    chunks = scrape.total([texts["inference"]], "splitrl_trajectories_total")
+    # Each env's chunk of 16 steps is cut once its 17th observation is acted on.
+    assert chunks == NUM_ENVS * math.floor((STEPS // NUM_ENVS - 1) / 16)
+    assert scrape.total([texts["replay"]], "splitrl_replay_inserts_total") == chunks
+    trajectory = scrape.link_counts([texts["replay"]])["inference-replay"]["rollout"]["trajectory"]["received"]
+    assert trajectory["messages"] == chunks
+    assert scrape.total([texts["environment"]], "splitrl_episode_return_count") > 0
+    assert scrape.total([texts["inference"]], "splitrl_inference_batch_size_count") == STEPS // NUM_ENVS
