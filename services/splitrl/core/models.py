@@ -25,6 +25,8 @@ class ActionSpec:
     high: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.kind not in ("discrete", "continuous"):
+            raise ValueError(f"ActionSpec.kind must be 'discrete' or 'continuous', got {self.kind!r}")
         if self.size < 1:
             raise ValueError(f"ActionSpec.size must be >= 1, got {self.size}")
         if self.kind == "continuous" and not (len(self.low) == len(self.high) == self.size):

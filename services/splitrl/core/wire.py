@@ -79,7 +79,7 @@ def _info(dtype: int) -> _DTypeInfo:
 
 def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None) -> Tensor:
     """Encode a tensor; with `dtype`, convert to that wire dtype first (e.g. float32 -> bfloat16)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) else value
+    tensor = _from_numpy(value) if isinstance(value, np.ndarray) else value
     tensor = tensor.detach().cpu()
     if dtype is not None:
         tensor = tensor.to(_info(dtype).torch_dtype)
@@ -90,6 +90,20 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None) -> Tensor
     # numpy has no bfloat16: reinterpret 2-byte types as int16 to reach the raw bytes.
     raw = tensor.view(torch.int16) if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
     return Tensor(dtype=code, shape=list(tensor.shape), data=raw.numpy().tobytes())  # type: ignore[arg-type]
+
+
+def _from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A torch view of any numpy array: native byte order, writable, and its shape kept (0-d too)."""
+    shape = array.shape
+    native = np.ascontiguousarray(array)
+    if not native.dtype.isnative:
+        native = native.astype(native.dtype.newbyteorder("="))
+    if not native.flags.writeable:
+        native = native.copy()
+    try:
+        return torch.from_numpy(native).reshape(shape)
+    except TypeError as error:
+        raise WireError(f"cannot encode numpy dtype {array.dtype}: {error}") from None
 
 
 def validate(
@@ -123,6 +137,8 @@ def validate(
             f"tensor data is {len(message.data)} bytes but shape {shape} x {info.itemsize} bytes "
             f"({DType.Name(message.dtype)}) needs {expected_bytes}"
         )
+    if message.dtype == DType.DTYPE_BOOL and message.data and max(message.data) > 1:
+        raise WireError(f"bool tensor holds byte value {max(message.data)}; only 0 and 1 are valid")
 
 
 def decode(

@@ -1,0 +1,1 @@
+"""The learner service (cloud): samples replay, trains the actor-critic, publishes weights."""

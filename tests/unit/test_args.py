@@ -1,0 +1,164 @@
+"""splitrl.cli.args: flag > SPLITRL_* variable > default, with the model's validation in the message."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+
+from splitrl.cli.args import add_settings_arguments, env_name, flag_name, settings_from_args
+from splitrl.cli.main import build_parser
+from splitrl.core.config import Settings
+from splitrl.environment.settings import EnvironmentSettings
+
+
+@pytest.fixture(scope="module")
+def parser() -> argparse.ArgumentParser:
+    return build_parser()
+
+
+def environment_settings(parser, *flags: str, environ: dict[str, str] | None = None) -> EnvironmentSettings:
+    namespace = parser.parse_args(["serve", "environment", *flags])
+    return settings_from_args(EnvironmentSettings, namespace, environ={} if environ is None else environ)
+
+
+def test_names_of_flags_and_variables():
+    assert flag_name("num_envs") == "--num-envs"
+    assert env_name("num_envs") == "SPLITRL_NUM_ENVS"
+
+
+def test_defaults_apply_without_flag_or_variable(parser):
+    settings = environment_settings(parser)
+    assert settings == EnvironmentSettings()
+    assert settings.num_envs == 4
+    assert settings.env_kwargs == {}
+
+
+def test_variable_beats_default(parser):
+    settings = environment_settings(parser, environ={"SPLITRL_NUM_ENVS": "3", "SPLITRL_ENV": "splitrl/Catch-v0"})
+    assert settings.num_envs == 3
+    assert settings.env == "splitrl/Catch-v0"
+
+
+def test_flag_beats_variable(parser):
+    settings = environment_settings(parser, "--num-envs", "8", environ={"SPLITRL_NUM_ENVS": "3"})
+    assert settings.num_envs == 8
+
+
+def test_unrelated_variables_are_ignored(parser):
+    settings = environment_settings(parser, environ={"SPLITRL_NOT_A_FIELD": "x", "NUM_ENVS": "9"})
+    assert settings.num_envs == 4
+
+
+def test_values_are_converted_to_field_types(parser):
+    settings = environment_settings(
+        parser, "--shutdown-grace-s", "0.5", "--port-file", "/tmp/ports.json", environ={"SPLITRL_SEED": "12"}
+    )
+    assert settings.shutdown_grace_s == 0.5
+    assert settings.port_file == Path("/tmp/ports.json")
+    assert settings.seed == 12
+
+
+def test_env_kwargs_json_parses_to_a_dict(parser):
+    settings = environment_settings(parser, "--env-kwargs", '{"continuous": true, "grid": 6}')
+    assert settings.env_kwargs == {"continuous": True, "grid": 6}
+
+
+def test_env_kwargs_from_the_environment(parser):
+    settings = environment_settings(parser, environ={"SPLITRL_ENV_KWARGS": '{"grid": 8}'})
+    assert settings.env_kwargs == {"grid": 8}
+
+
+def test_env_kwargs_bad_json_is_a_clear_error(parser):
+    with pytest.raises(ValueError, match=r"--env-kwargs / SPLITRL_ENV_KWARGS: .*must be a JSON object.*\{oops"):
+        environment_settings(parser, "--env-kwargs", "{oops")
+
+
+def test_env_kwargs_must_be_an_object(parser):
+    with pytest.raises(ValueError, match="--env-kwargs"):
+        environment_settings(parser, "--env-kwargs", "[1, 2]")
+
+
+def test_bad_value_names_the_flag_and_the_value(parser):
+    with pytest.raises(ValueError) as excinfo:
+        environment_settings(parser, "--num-envs", "0")
+    message = str(excinfo.value)
+    assert "--num-envs" in message
+    assert "SPLITRL_NUM_ENVS" in message
+    assert "'0'" in message
+    assert "greater than or equal to 1" in message
+
+
+def test_bad_variable_value_names_the_variable(parser):
+    with pytest.raises(ValueError, match=r"SPLITRL_NUM_ENVS: .*\(got 'many'\)"):
+        environment_settings(parser, environ={"SPLITRL_NUM_ENVS": "many"})
+
+
+def test_every_bad_field_is_reported(parser):
+    with pytest.raises(ValueError) as excinfo:
+        environment_settings(parser, "--num-envs", "0", "--action-repeat", "99")
+    assert "--num-envs" in str(excinfo.value)
+    assert "--action-repeat" in str(excinfo.value)
+
+
+def test_literal_flag_rejects_an_unknown_choice(parser, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        parser.parse_args(["serve", "environment", "--log-level", "loud"])
+    assert excinfo.value.code == 2
+    assert "invalid choice: 'loud'" in capsys.readouterr().err
+
+
+def test_literal_variable_rejects_an_unknown_choice(parser):
+    with pytest.raises(ValueError, match=r"--log-level / SPLITRL_LOG_LEVEL: .*'debug'.*\(got 'loud'\)"):
+        environment_settings(parser, environ={"SPLITRL_LOG_LEVEL": "loud"})
+    assert environment_settings(parser, "--log-level", "debug").log_level == "debug"
+
+
+def test_help_lists_each_variable_and_default(parser, capsys):
+    with pytest.raises(SystemExit) as excinfo:
+        parser.parse_args(["serve", "environment", "--help"])
+    assert excinfo.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--num-envs NUM_ENVS" in text
+    assert "[env SPLITRL_NUM_ENVS; default: 4]" in text
+    assert "SPLITRL_ENV_KWARGS; default: {}" in text
+
+
+class Toggles(Settings):
+    verbose: bool = Field(False, description="Say more.")
+    dry_run: bool | None = Field(None, description="Do nothing.")
+    level: int = Field(1, ge=0)
+
+
+def toggles(*flags: str, environ: dict[str, str] | None = None) -> Toggles:
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Toggles)
+    return settings_from_args(Toggles, parser.parse_args(list(flags)), environ=environ or {})
+
+
+def test_bool_flags_take_no_value_and_have_a_negative_form():
+    assert toggles().verbose is False
+    assert toggles("--verbose").verbose is True
+    assert toggles("--no-verbose", environ={"SPLITRL_VERBOSE": "true"}).verbose is False
+    assert toggles("--dry-run").dry_run is True
+    assert toggles().dry_run is None
+
+
+def test_bool_variables_are_parsed():
+    assert toggles(environ={"SPLITRL_VERBOSE": "true", "SPLITRL_DRY_RUN": "0"}).model_dump() == {
+        "verbose": True,
+        "dry_run": False,
+        "level": 1,
+    }
+    with pytest.raises(ValueError, match=r"SPLITRL_VERBOSE: .*\(got 'perhaps'\)"):
+        toggles(environ={"SPLITRL_VERBOSE": "perhaps"})
+
+
+def test_bool_flag_help_shows_both_forms():
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Toggles)
+    text = " ".join(parser.format_help().split())
+    assert "--verbose, --no-verbose" in text
+    assert "[env SPLITRL_VERBOSE; default: False]" in text

@@ -1,0 +1,132 @@
+"""splitrl.core.metrics: tensor element counting and LinkMeter's byte/message/element counters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from splitrl.core import wire
+from splitrl.core.metrics import LinkMeter, Metrics, tensor_elements
+from splitrl.v1 import replay_pb2, rollout_pb2
+
+
+def trajectory(steps: int) -> replay_pb2.Trajectory:
+    """A Trajectory of `steps` steps with 2x3x3 observations: 18(T+1) + 6T + 3(T+1) elements."""
+    return replay_pb2.Trajectory(
+        observations=wire.encode(torch.zeros(steps + 1, 2, 3, 3, dtype=torch.uint8)),
+        actions=wire.encode(torch.zeros(steps, dtype=torch.int64)),
+        behaviour_log_probs=wire.encode(torch.zeros(steps)),
+        values=wire.encode(torch.zeros(steps + 1)),
+        rewards=wire.encode(torch.zeros(steps)),
+        terminated=wire.encode(torch.zeros(steps, dtype=torch.bool)),
+        truncated=wire.encode(torch.zeros(steps, dtype=torch.bool)),
+        policy_versions=wire.encode(torch.zeros(steps, dtype=torch.int64)),
+        step_ids=wire.encode(torch.zeros(steps + 1, dtype=torch.int64)),
+        encoder_versions=wire.encode(torch.zeros(steps + 1, dtype=torch.int64)),
+    )
+
+
+def trajectory_elements(steps: int) -> int:
+    return 18 * (steps + 1) + 6 * steps + 3 * (steps + 1)
+
+
+def test_tensor_elements_of_a_tensor_is_its_shape_product():
+    assert tensor_elements(wire.encode(torch.zeros(2, 3, 4))) == 24
+    assert tensor_elements(wire.encode(torch.zeros(0, 3))) == 0
+
+
+def test_tensor_elements_counts_the_data_a_forged_shape_does_not_carry():
+    forged = wire.Tensor(dtype=wire.DType.DTYPE_FLOAT32, shape=[10**9, 10**9], data=bytes(8))
+    assert tensor_elements(forged) == 2
+    negative = wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[-1, 3], data=b"")
+    assert tensor_elements(negative) == 0
+    assert tensor_elements(wire.Tensor(dtype=99, shape=[4], data=bytes(4))) == 0
+
+
+def test_tensor_elements_of_a_trajectory_sums_every_field():
+    assert tensor_elements(trajectory(3)) == trajectory_elements(3) == 18 * 4 + 18 + 12
+
+
+def test_tensor_elements_finds_tensors_nested_in_an_insert_request():
+    request = replay_pb2.InsertRequest(table="queue", sequence=7, trajectory=trajectory(2), priority=1.0)
+    assert tensor_elements(request) == trajectory_elements(2)
+
+
+def test_tensor_elements_sums_repeated_messages():
+    response = replay_pb2.SampleResponse(
+        items=[
+            replay_pb2.SampledItem(key=1, trajectory=trajectory(1)),
+            replay_pb2.SampledItem(key=2, trajectory=trajectory(4)),
+            replay_pb2.SampledItem(key=3),
+        ]
+    )
+    assert tensor_elements(response) == trajectory_elements(1) + trajectory_elements(4)
+
+
+def test_tensor_elements_ignores_unset_tensors_and_scalar_fields():
+    assert tensor_elements(replay_pb2.InsertRequest(table="queue", sequence=1)) == 0
+    request = rollout_pb2.ActRequest(
+        observations=wire.encode(torch.zeros(4, 8)), rewards=[1.0] * 4, terminated=[False] * 4, step_ids=[1, 2, 3, 4]
+    )
+    assert tensor_elements(request) == 32
+
+
+LABELS = {"link": "inference-replay", "direction": "sent", "phase": "rollout", "payload": "trajectory"}
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def sample(registry: CollectorRegistry, series: str, labels: dict[str, str]) -> float | None:
+    return registry.get_sample_value(f"splitrl_link_{series}_total", labels)
+
+
+def test_link_meter_counts_bytes_messages_and_elements(registry):
+    meter = LinkMeter(Metrics(registry), "inference-replay")
+    first = replay_pb2.InsertRequest(table="queue", sequence=1, trajectory=trajectory(2))
+    second = replay_pb2.InsertRequest(table="queue", sequence=2, trajectory=trajectory(5))
+
+    sizes = [meter.sent(message, phase="rollout", payload="trajectory") for message in (first, second)]
+
+    assert sizes == [first.ByteSize(), second.ByteSize()]
+    assert sample(registry, "bytes", LABELS) == first.ByteSize() + second.ByteSize()
+    assert sample(registry, "messages", LABELS) == 2
+    assert sample(registry, "elements", LABELS) == trajectory_elements(2) + trajectory_elements(5)
+
+
+def test_link_meter_bytes_equal_the_serialized_size(registry):
+    meter = LinkMeter(Metrics(registry), "inference-replay")
+    message = replay_pb2.InsertRequest(table="queue", sequence=300, trajectory=trajectory(3), priority=0.5)
+    meter.sent(message, phase="rollout", payload="trajectory")
+    assert sample(registry, "bytes", LABELS) == len(message.SerializeToString())
+
+
+def test_link_meter_keeps_directions_and_payloads_apart(registry):
+    meter = LinkMeter(Metrics(registry), "replay-learner")
+    request = replay_pb2.SampleRequest(table="queue", num_items=4)
+    response = replay_pb2.SampleResponse(items=[replay_pb2.SampledItem(key=1, trajectory=trajectory(1))])
+
+    meter.received(request, phase="training", payload="request")
+    meter.sent(response, phase="training", payload="batch")
+    meter.sent(response, phase="training", payload="batch")
+
+    received = {"link": "replay-learner", "direction": "received", "phase": "training", "payload": "request"}
+    sent = {**received, "direction": "sent", "payload": "batch"}
+    assert sample(registry, "messages", received) == 1
+    assert sample(registry, "bytes", received) == request.ByteSize()
+    assert sample(registry, "elements", received) == 0
+    assert sample(registry, "messages", sent) == 2
+    assert sample(registry, "bytes", sent) == 2 * response.ByteSize()
+    assert sample(registry, "elements", sent) == 2 * trajectory_elements(1)
+    assert sample(registry, "messages", {**sent, "direction": "received"}) is None
+
+
+def test_registries_do_not_share_counters():
+    first, second = CollectorRegistry(), CollectorRegistry()
+    LinkMeter(Metrics(first), "inference-replay").sent(trajectory(1), phase="rollout", payload="trajectory")
+    Metrics(second)
+    assert sample(first, "messages", LABELS) == 1
+    assert sample(second, "messages", LABELS) is None

@@ -1,0 +1,118 @@
+"""splitrl.core.models: encoder widths, head distributions, ActionSpec checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.distributions import Categorical, Independent, Normal
+
+from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder, ModelConfig
+
+B = 2
+
+
+def stacks(frame_stack: int = 4, frame_size: int = 96) -> torch.Tensor:
+    return torch.randint(0, 256, (B, frame_stack, frame_size, frame_size), dtype=torch.uint8)
+
+
+def linears(module: nn.Module) -> list[nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, nn.Linear)]
+
+
+def test_encoder_on_4x96x96_gives_4096_numbers_without_a_linear_layer():
+    encoder = Encoder(frame_stack=4, frame_size=96, width=4096)
+    out = encoder(stacks())
+    assert out.shape == (B, 4096)
+    assert out.dtype == torch.float32
+    assert linears(encoder) == []
+
+
+def test_encoder_outputs_are_non_negative():
+    assert bool((Encoder()(stacks()) >= 0).all())
+
+
+def test_other_width_adds_a_bottleneck():
+    encoder = Encoder(frame_stack=4, frame_size=96, width=256)
+    assert encoder(stacks()).shape == (B, 256)
+    [bottleneck] = linears(encoder)
+    assert (bottleneck.in_features, bottleneck.out_features) == (4096, 256)
+
+
+def test_other_frame_size_adds_a_bottleneck_to_the_requested_width():
+    encoder = Encoder(frame_stack=2, frame_size=84, width=4096)
+    assert encoder(stacks(frame_stack=2, frame_size=84)).shape == (B, 4096)
+    [bottleneck] = linears(encoder)
+    assert bottleneck.in_features == 64 * 7 * 7
+
+
+def test_encoder_scales_uint8_to_unit_range():
+    encoder = Encoder(width=4096)
+    frames = stacks()
+    assert torch.allclose(encoder(frames), encoder.net(frames.float() / 255.0))
+
+
+def test_discrete_head_returns_a_categorical_and_values():
+    head = ActorCriticHead(32, ActionSpec("discrete", 3))
+    distribution, values = head(torch.randn(B, 32))
+    assert isinstance(distribution, Categorical)
+    assert distribution.probs.shape == (B, 3)
+    actions = distribution.sample()
+    assert actions.shape == (B,)
+    assert distribution.log_prob(actions).shape == (B,)
+    assert values.shape == (B,)
+
+
+def test_continuous_head_returns_an_independent_normal():
+    head = ActorCriticHead(32, ActionSpec("continuous", 3, (-1.0,) * 3, (1.0,) * 3))
+    distribution, values = head(torch.randn(B, 32))
+    assert isinstance(distribution, Independent)
+    assert isinstance(distribution.base_dist, Normal)
+    assert distribution.batch_shape == (B,)
+    assert distribution.event_shape == (3,)
+    actions = distribution.sample()
+    assert actions.shape == (B, 3)
+    assert distribution.log_prob(actions).shape == (B,)
+    assert values.shape == (B,)
+    assert torch.allclose(distribution.base_dist.scale, torch.full((B, 3), torch.tensor(-0.5).exp().item()))
+
+
+def test_head_accepts_bfloat16_activations():
+    head = ActorCriticHead(16, ActionSpec("discrete", 2))
+    distribution, values = head(torch.randn(B, 16).to(torch.bfloat16))
+    assert values.dtype == torch.float32
+    assert distribution.probs.shape == (B, 2)
+
+
+def test_actor_critic_runs_encoder_then_head():
+    model = ActorCritic(ModelConfig(frame_stack=4, frame_size=96, width=4096), ActionSpec("discrete", 3))
+    frames = stacks()
+    distribution, values = model(frames)
+    expected_distribution, expected_values = model.head(model.encoder(frames))
+    assert torch.allclose(distribution.logits, expected_distribution.logits)
+    assert torch.allclose(values, expected_values)
+
+
+def test_action_shape():
+    assert ActionSpec("discrete", 5).action_shape == ()
+    assert ActionSpec("continuous", 2, (0.0, 0.0), (1.0, 1.0)).action_shape == (2,)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "discrete", "size": 0}, "size must be >= 1, got 0"),
+        ({"kind": "continuous", "size": -1}, "got -1"),
+        ({"kind": "continuous", "size": 2}, "needs 2 low/high bounds"),
+        ({"kind": "continuous", "size": 2, "low": (0.0,), "high": (1.0, 1.0)}, "needs 2 low/high bounds"),
+        ({"kind": "continuous", "size": 1, "low": (0.0,), "high": ()}, "needs 1 low/high bounds"),
+    ],
+)
+def test_action_spec_rejects_bad_values(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ActionSpec(**kwargs)
+
+
+def test_action_spec_rejects_an_unknown_kind():
+    with pytest.raises(ValueError, match="kind"):
+        ActionSpec("Discrete", 3)  # type: ignore[arg-type]
