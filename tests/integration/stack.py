@@ -22,6 +22,8 @@ from splitrl.environment.service import EnvironmentService
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.inference.service import InferenceService
 from splitrl.inference.settings import InferenceSettings
+from splitrl.learner.service import LearnerService
+from splitrl.learner.settings import LearnerSettings
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
 
@@ -39,7 +41,7 @@ def address(host: ServiceHost) -> str:
 
 @dataclass
 class Stack:
-    """The four rollout services, started in dial order."""
+    """The rollout services (and optionally the learner), started in dial order."""
 
     hosts: dict[str, ServiceHost] = field(default_factory=dict)
 
@@ -55,30 +57,49 @@ class Stack:
         width: int = 4096,
         env: str = FAST_ENV,
         env_kwargs: dict | None = None,
+        learner: dict | None = None,
     ) -> Stack:
+        """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
         shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width}
         stack = cls()
-        stack.hosts["replay"] = await start(ReplayService, ReplaySettings())
-        stack.hosts["inference"] = await start(
-            InferenceService,
-            InferenceSettings(
-                **shared,
-                mode=mode,
-                codec=codec,
-                replay_address=address(stack.hosts["replay"]),
-                unroll_length=unroll_length,
-            ),
-        )
-        stack.hosts["edge-encoder"] = await start(
-            EdgeEncoderService,
-            EdgeEncoderSettings(**shared, mode=mode, codec=codec, inference_address=address(stack.hosts["inference"])),
-        )
-        stack.hosts["environment"] = await start(
-            EnvironmentService,
-            EnvironmentSettings(
-                **shared, num_envs=num_envs, max_steps=steps, encoder_address=address(stack.hosts["edge-encoder"])
-            ),
-        )
+        try:
+            stack.hosts["replay"] = await start(ReplayService, ReplaySettings())
+            stack.hosts["inference"] = await start(
+                InferenceService,
+                InferenceSettings(
+                    **shared,
+                    mode=mode,
+                    codec=codec,
+                    replay_address=address(stack.hosts["replay"]),
+                    unroll_length=unroll_length,
+                ),
+            )
+            if learner is not None:
+                stack.hosts["learner"] = await start(
+                    LearnerService,
+                    LearnerSettings(
+                        **shared,
+                        mode=mode,
+                        replay_address=address(stack.hosts["replay"]),
+                        inference_address=address(stack.hosts["inference"]),
+                        **learner,
+                    ),
+                )
+            stack.hosts["edge-encoder"] = await start(
+                EdgeEncoderService,
+                EdgeEncoderSettings(
+                    **shared, mode=mode, codec=codec, inference_address=address(stack.hosts["inference"])
+                ),
+            )
+            stack.hosts["environment"] = await start(
+                EnvironmentService,
+                EnvironmentSettings(
+                    **shared, num_envs=num_envs, max_steps=steps, encoder_address=address(stack.hosts["edge-encoder"])
+                ),
+            )
+        except BaseException:
+            await stack.stop()  # nothing half-started outlives a failed start
+            raise
         return stack
 
     @property

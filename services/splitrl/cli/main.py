@@ -18,6 +18,8 @@ def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
     from splitrl.environment.settings import EnvironmentSettings
     from splitrl.inference.service import InferenceService
     from splitrl.inference.settings import InferenceSettings
+    from splitrl.learner.service import LearnerService
+    from splitrl.learner.settings import LearnerSettings
     from splitrl.replay.service import ReplayService
     from splitrl.replay.settings import ReplaySettings
 
@@ -30,6 +32,7 @@ def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
         "edge-encoder": (EdgeEncoderSettings, EdgeEncoderService, "Stack frames, encode (split), dial inference."),
         "inference": (InferenceSettings, InferenceService, "Batch edge streams, act, write trajectories to replay."),
         "replay": (ReplaySettings, ReplayService, "Store trajectory chunks; serve samples."),
+        "learner": (LearnerSettings, LearnerService, "Train the policy with PPO; publish weights to inference."),
     }
 
 

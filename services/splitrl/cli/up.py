@@ -1,7 +1,7 @@
 """`splitrl up`: a whole training run on this machine, every service its own process on loopback.
 
-Start order follows the dial direction (replay, inference, edge-encoder,
-environment), each waiting for the previous one's port file. The run ends
+Start order follows the dial direction (replay, inference, learner,
+edge-encoder, environment), each waiting for the previous one's port file. The run ends
 when the environment has taken `steps` agent steps; services then stop
 upstream-first so every queue drains into the next, each writing its final
 counters, from which `summary.json` is built. Ctrl-C (or SIGTERM) stops all
@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -28,7 +28,7 @@ from splitrl.core import scrape
 from splitrl.core.config import EnvSettings, Mode, ObservationCodec, Settings
 from splitrl.core.metrics import WAN_LINKS
 
-START_ORDER = ("replay", "inference", "edge-encoder", "environment")
+START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
 
 
 class UpSettings(EnvSettings, Settings):
@@ -45,6 +45,11 @@ class UpSettings(EnvSettings, Settings):
     progress_interval_s: float = Field(1.0, gt=0, description="Seconds between live progress updates.")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds each service may take to start serving.")
     torch_threads: int = Field(1, ge=1, description="torch threads per service process.")
+    chunks_per_update: int = Field(16, ge=1, description="Learner: trajectory chunks per PPO update.")
+    epochs: int = Field(4, ge=1, description="Learner: epochs per update (the research used 10).")
+    minibatches: int = Field(4, ge=1, description="Learner: minibatches per epoch (the research used 32).")
+    learning_rate: float = Field(2.5e-4, gt=0, description="Learner: Adam learning rate.")
+    correction: Literal["gae", "vtrace"] = Field("gae", description="Learner: GAE (PPO) or V-trace advantages.")
 
 
 @dataclass
@@ -91,6 +96,21 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
             "codec": settings.codec,
             "unroll_length": settings.unroll_length,
             "seed": settings.seed,
+        }
+    if name == "learner":
+        return {
+            **common,
+            **shared,
+            "replay_address": address("replay"),
+            "inference_address": address("inference"),
+            "mode": settings.mode,
+            "seed": settings.seed,
+            "checkpoint_dir": run_dir / "checkpoints",
+            "chunks_per_update": settings.chunks_per_update,
+            "epochs": settings.epochs,
+            "minibatches": settings.minibatches,
+            "learning_rate": settings.learning_rate,
+            "correction": settings.correction,
         }
     if name == "edge-encoder":
         return {
@@ -154,6 +174,7 @@ def run_up(settings: UpSettings) -> int:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics").mkdir(exist_ok=True)
     children: dict[str, _Child] = {}
+    curve: list[dict[str, float]] = []
     interrupted = False
     previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
@@ -165,7 +186,9 @@ def run_up(settings: UpSettings) -> int:
         started = time.monotonic()
         environment = children["environment"].process
         while environment.poll() is None:
-            progress.update(_live_texts(children), time.monotonic() - started)
+            texts = _live_texts(children)
+            progress.update(texts, time.monotonic() - started)
+            curve.append(_curve_point(texts))
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -178,6 +201,7 @@ def run_up(settings: UpSettings) -> int:
         progress.close()
         signal.signal(signal.SIGTERM, previous_term)
     summary = build_summary(settings, run_dir, children, elapsed, interrupted)
+    summary["curve"] = curve
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
@@ -192,6 +216,16 @@ def _live_texts(children: dict[str, _Child]) -> list[str]:
         except OSError:
             continue  # a service that is shutting down; the next update will do
     return texts
+
+
+def _curve_point(texts: list[str]) -> dict[str, float]:
+    """Cumulative counters at one moment; consecutive points give the mean return of each interval."""
+    return {
+        "env_steps": scrape.total(texts, "splitrl_env_steps_total"),
+        "episodes": scrape.total(texts, "splitrl_episode_return_count"),
+        "return_sum": scrape.total(texts, "splitrl_episode_return_sum"),
+        "updates": scrape.total(texts, "splitrl_learner_updates_total"),
+    }
 
 
 def build_summary(
@@ -217,6 +251,7 @@ def build_summary(
         "env_steps_per_second": round(steps / elapsed_s, 1) if elapsed_s > 0 else None,
         "episodes": episodes,
         "mean_episode_return": return_sum / episodes if episodes else None,
+        "learner_updates": int(scrape.total(texts, "splitrl_learner_updates_total")),
         "wan_bytes": wan_bytes,
         "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
         "links": links,

@@ -130,6 +130,23 @@ class Metrics:
             ["method", "code"],
             registry=registry,
         )
+        self.learner_updates = Counter(
+            "splitrl_learner_updates", "Policy updates completed by the learner.", registry=registry
+        )
+        self.learner_loss = Gauge(
+            "splitrl_learner_loss", "Mean of each loss term over the last update.", ["term"], registry=registry
+        )
+        self.policy_lag = Histogram(
+            "splitrl_policy_lag",
+            "Versions between the learner's policy and the oldest action of a sampled chunk.",
+            buckets=(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 50),
+            registry=registry,
+        )
+        self.stale_chunks_dropped = Counter(
+            "splitrl_stale_chunks_dropped",
+            "Chunks the learner dropped for exceeding max_policy_lag.",
+            registry=registry,
+        )
         self.streams_open = Gauge(
             "splitrl_streams_open", "Client streams this server is serving now.", ["method"], registry=registry
         )

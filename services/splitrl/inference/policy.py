@@ -31,6 +31,11 @@ class Policy:
         self.version = 0
         self._generator = torch.Generator().manual_seed(seed)
 
+    def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Swap in new weights (validated by the caller); later batches act with them as `version`."""
+        self.network.load_state_dict(state_dict)
+        self.version = version
+
     @torch.no_grad()
     def act(self, observations: torch.Tensor) -> Decisions:
         """observations: uint8 stacks [B, stack, S, S] (cloud) or activations [B, width] (split)."""

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
-from splitrl.core import codecs, wire
+from splitrl.core import codecs, weights, wire
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
@@ -27,20 +27,24 @@ from splitrl.inference.policy import Policy
 from splitrl.inference.replay_writer import ReplayWriter
 from splitrl.inference.settings import InferenceSettings
 from splitrl.inference.trajectories import TrajectoryCutter
-from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
+from splitrl.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weights_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
-class InferenceService(rollout_pb2_grpc.InferenceServicer):
-    """Central, batched inference for every edge stream."""
+class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.PolicyUpdatesServicer):
+    """Central, batched inference for every edge stream; takes new weights from the learner in flight."""
 
-    service_names: Sequence[str] = (rollout_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,)
+    service_names: Sequence[str] = (
+        rollout_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
+        weights_pb2.DESCRIPTOR.services_by_name["PolicyUpdates"].full_name,
+    )
 
     def __init__(self, settings: InferenceSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
         self.meter = LinkMeter(metrics, "encoder-inference")
+        self.weights_meter = LinkMeter(metrics, "learner-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
         self.model_config = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
@@ -56,6 +60,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer):
 
     def register(self, server: grpc.aio.Server) -> None:
         rollout_pb2_grpc.add_InferenceServicer_to_server(self, server)
+        weights_pb2_grpc.add_PolicyUpdatesServicer_to_server(self, server)
 
     def finished(self) -> None:
         return None
@@ -105,6 +110,22 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer):
                     await self.writer.put(chunk.to_proto())
         finally:
             self.batcher.open_streams -= 1
+
+    async def Publish(
+        self, request_iterator: AsyncIterator[weights_pb2.Weights], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[weights_pb2.WeightsAck]:
+        async for message in request_iterator:
+            self.weights_meter.received(message, phase="weights", payload="weights")
+            if message.version <= self.policy.version:
+                raise BadRequest(f"Weights.version {message.version} is not newer than {self.policy.version}")
+            state = weights.from_proto(message, self.policy.network.state_dict())
+            # The policy executor runs one batch at a time, so the swap lands between two batches.
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._executor, self.policy.load, state, message.version)
+            self.metrics.policy_version.set(message.version)
+            ack = weights_pb2.WeightsAck(version=message.version)
+            self.weights_meter.sent(ack, phase="weights", payload="ack")
+            yield ack
 
 
 class _EdgeStream:

@@ -1,0 +1,174 @@
+"""Learner service: sample chunks from replay, run a PPO update, publish the new weights to inference.
+
+Each update's policy version is one more than the last; inference swaps the
+weights in while its streams keep running (in-flight updates), so chunks in
+replay can be a few versions old. Their lag is measured, and chunks older
+than `max_policy_lag` versions are dropped and counted.
+
+Split modes train the actor-critic head on the bf16 activations stored in
+replay; the edge encoder is not trained yet (the learner-encoder link is the
+next step), so it keeps its initial weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import torch
+
+from splitrl.core import rpc, trajectory, weights
+from splitrl.core.envs import action_spec_of
+from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
+from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.trainer import Batch, Trainer
+from splitrl.v1 import replay_pb2, replay_pb2_grpc, weights_pb2_grpc
+
+log = logging.getLogger(__name__)
+SAMPLE_WAIT_S = 5.0
+
+
+class LearnerService:
+    """Trains until stopped (or `max_updates`); checkpoints every `checkpoint_every` updates."""
+
+    service_names: Sequence[str] = ()
+
+    def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.replay_meter = LinkMeter(metrics, "replay-learner")
+        self.weights_meter = LinkMeter(metrics, "learner-inference")
+        torch.manual_seed(settings.seed)
+        model = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
+        spec = action_spec_of(settings.env, settings.env_kwargs)
+        network = ActorCritic(model, spec) if settings.mode == "cloud" else ActorCriticHead(model.width, spec)
+        self.trainer = Trainer(network, settings)
+        self.version = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+        self._done = asyncio.Event()
+        self._failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._restore()
+
+    def register(self, server: grpc.aio.Server) -> None:
+        pass  # health only until the split modes' training stream lands here
+
+    def finished(self) -> asyncio.Event:
+        return self._done
+
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run_guarded(), name="learner-loop")
+
+    async def stop(self) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+        self._checkpoint()
+
+    async def _run_guarded(self) -> None:
+        try:
+            await self.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self._failure = error
+            log.exception("learner loop failed")
+        finally:
+            self._done.set()
+
+    async def run(self) -> None:
+        s = self.settings
+        async with rpc.insecure_channel(s.replay_address) as replay, rpc.insecure_channel(s.inference_address) as inf:
+            replay_stub = replay_pb2_grpc.ReplayStub(replay)
+            publish = weights_pb2_grpc.PolicyUpdatesStub(inf).Publish()
+            loop = asyncio.get_running_loop()
+            while not s.max_updates or self.version < s.max_updates:
+                chunks = await self._collect(replay_stub)
+                stats = await loop.run_in_executor(self._executor, self.trainer.update, Batch.stack(chunks))
+                self.version += 1
+                self._record(stats)
+                await self._publish(publish)
+                if self.version % s.checkpoint_every == 0:
+                    await loop.run_in_executor(self._executor, self._checkpoint)
+            await publish.done_writing()
+
+    async def _collect(self, stub: replay_pb2_grpc.ReplayStub) -> list[TrajectoryTensors]:
+        """Sample until `chunks_per_update` fresh-enough chunks are in hand."""
+        s = self.settings
+        chunks: list[TrajectoryTensors] = []
+        while len(chunks) < s.chunks_per_update:
+            request = replay_pb2.SampleRequest(table=s.replay_table, num_items=s.chunks_per_update - len(chunks))
+            self.replay_meter.sent(request, phase="training", payload="request")
+            response = await stub.Sample(request, timeout=SAMPLE_WAIT_S + 5)
+            self.replay_meter.received(response, phase="training", payload="batch")
+            for item in response.items:
+                chunk = trajectory.from_proto(item.trajectory)
+                lag = self.version - int(chunk.policy_versions.min())
+                self.metrics.policy_lag.observe(lag)
+                if lag > s.max_policy_lag:
+                    self.metrics.stale_chunks_dropped.inc()
+                    continue
+                chunks.append(chunk)
+        return chunks
+
+    async def _publish(self, call: grpc.aio.StreamStreamCall) -> None:
+        message = weights.to_proto(self.version, self.trainer.network.state_dict())
+        self.weights_meter.sent(message, phase="weights", payload="weights")
+        await call.write(message)
+        ack = await call.read()
+        if ack is grpc.aio.EOF:
+            await call  # raises inference's status
+            raise ConnectionError("inference closed the weights stream")
+        self.weights_meter.received(ack, phase="weights", payload="ack")
+
+    def _record(self, stats) -> None:
+        self.metrics.learner_updates.inc()
+        self.metrics.policy_version.set(self.version)
+        for term in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
+            self.metrics.learner_loss.labels(term=term).set(getattr(stats, term))
+        log.info(
+            "update %d: %d steps, policy %.3f value %.3f entropy %.3f kl %.4f",
+            self.version,
+            stats.steps,
+            stats.policy_loss,
+            stats.value_loss,
+            stats.entropy,
+            stats.approx_kl,
+        )
+
+    def _checkpoint_path(self) -> Path | None:
+        return None if self.settings.checkpoint_dir is None else self.settings.checkpoint_dir / "learner.pt"
+
+    def _checkpoint(self) -> None:
+        path = self._checkpoint_path()
+        if path is None or self.version == 0:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "version": self.version,
+            "network": self.trainer.network.state_dict(),
+            "optimizer": self.trainer.optimizer.state_dict(),
+        }
+        tmp = path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
+
+    def _restore(self) -> None:
+        path = self._checkpoint_path()
+        if path is None or not path.exists():
+            return
+        state = torch.load(path, weights_only=True)
+        self.trainer.network.load_state_dict(state["network"])
+        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        log.info("resumed from %s at version %d", path, self.version)

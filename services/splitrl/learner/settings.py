@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from splitrl.core.config import EnvSettings, Mode, ServerSettings
+
+
+class LearnerSettings(ServerSettings, EnvSettings):
+    """Settings of `splitrl serve learner`. PPO defaults follow CleanRL's Atari recipe."""
+
+    replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
+    replay_table: str = Field("rollouts", description="Replay table to sample from.")
+    inference_address: str = Field("127.0.0.1:50052", description="host:port of inference, where weights go.")
+    mode: Mode = Field("split", description="Training mode; cloud trains encoder + head, split modes the head.")
+    seed: int = Field(0, ge=0, description="Seed of the initial weights and of minibatch shuffling.")
+    chunks_per_update: int = Field(32, ge=1, description="Trajectory chunks in one PPO update (x unroll_length steps).")
+    epochs: int = Field(4, ge=1, description="Passes over each update's data (the research used 10).")
+    minibatches: int = Field(4, ge=1, description="Minibatches per epoch (the research used 32).")
+    learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate (the research used 5e-5).")
+    gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")
+    clip: float = Field(0.2, gt=0, description="PPO ratio clip.")
+    entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
+    max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip.")
+    correction: Literal["gae", "vtrace"] = Field(
+        "gae", description="Advantages: GAE on behaviour values (PPO), or V-trace off-policy correction."
+    )
+    max_policy_lag: int = Field(
+        10, ge=0, description="Drop chunks whose oldest action is more than this many versions behind."
+    )
+    checkpoint_dir: Path | None = Field(None, description="Save model, optimizer and version here; resume from it.")
+    checkpoint_every: int = Field(10, ge=1, description="Updates between checkpoints.")
+    max_updates: int = Field(0, ge=0, description="Stop after this many updates (0: until stopped).")

@@ -1,0 +1,108 @@
+"""In-flight weight updates: the learner publishes, inference swaps weights while edge streams stay open."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import torch
+
+from splitrl.core import rpc, scrape, weights
+from splitrl.learner.service import LearnerService
+from splitrl.learner.settings import LearnerSettings
+from splitrl.v1 import weights_pb2_grpc
+from tests.integration.stack import FAST_ENV, Stack, address, start
+
+LEARNER = {"chunks_per_update": 4, "epochs": 1, "minibatches": 2, "max_policy_lag": 50}
+
+
+async def test_policy_version_advances_while_streams_stay_open():
+    stack = await Stack.start("split", num_envs=2, steps=0, unroll_length=8, learner=LEARNER)
+    try:
+        inference = stack.inference
+        versions_seen = set()
+        for _ in range(600):  # bounded: at most ~60 s
+            await asyncio.sleep(0.1)
+            versions_seen.add(inference.policy.version)
+            if inference.policy.version >= 3:
+                break
+        assert inference.policy.version >= 3, "inference never received three updates"
+        assert len(versions_seen) >= 2
+        texts = stack.scrape()
+        # One edge stream served every version: the environment's only stream never broke.
+        assert not stack.environment.finished().is_set() and stack.environment.failure() is None
+        open_act = [
+            v
+            for n, labels, v in scrape.samples(texts["inference"])
+            if n == "splitrl_streams_open" and labels["method"] == "Act"
+        ]
+        assert open_act == [1.0]
+        assert scrape.total([texts["inference"]], "splitrl_policy_version") >= 3
+        assert scrape.total([texts["learner"]], "splitrl_policy_lag_count") >= 3 * LEARNER["chunks_per_update"]
+        link = scrape.link_counts([texts["learner"], texts["inference"]])["learner-inference"]["weights"]
+        assert link["weights"]["received"]["messages"] >= 3
+        assert link["weights"]["sent"]["bytes"] >= link["weights"]["received"]["bytes"] > 0
+    finally:
+        await stack.stop()
+
+
+async def test_inference_refuses_bad_weights_and_keeps_its_version():
+    stack = await Stack.start("split", num_envs=1, steps=0)
+    try:
+        inference = stack.inference
+        good = inference.policy.network.state_dict()
+        async with rpc.insecure_channel(address(stack.hosts["inference"])) as channel:
+            stub = weights_pb2_grpc.PolicyUpdatesStub(channel)
+
+            async def publish(message):
+                call = stub.Publish()
+                await call.write(message)
+                return await call.read()
+
+            cases = {
+                "missing": weights.to_proto(1, dict(list(good.items())[:-1])),
+                "unknown entry": weights.to_proto(1, {**good, "extra.weight": torch.zeros(1)}),
+                "does not match": weights.to_proto(1, {**good, "critic.bias": torch.zeros(3)}),
+                "NaN": weights.to_proto(1, {**good, "critic.bias": torch.full((1,), float("nan"))}),
+                "not newer": weights.to_proto(0, good),
+            }
+            for fragment, message in cases.items():
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await publish(message)
+                assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert fragment in raised.value.details(), raised.value.details()
+            assert inference.policy.version == 0
+            changed = {name: value + 1.0 for name, value in good.items()}
+            ack = await publish(weights.to_proto(7, changed))
+            assert ack.version == 7 and inference.policy.version == 7
+            assert torch.equal(inference.policy.network.state_dict()["critic.bias"], changed["critic.bias"])
+    finally:
+        await stack.stop()
+
+
+async def test_learner_checkpoints_and_resumes(tmp_path):
+    learner_settings = {**LEARNER, "checkpoint_dir": tmp_path, "checkpoint_every": 1, "max_updates": 2}
+    stack = await Stack.start("split", num_envs=2, steps=0, unroll_length=8, learner=learner_settings)
+    try:
+        learner = stack.hosts["learner"].service
+        await asyncio.wait_for(learner.finished().wait(), 120)
+        assert learner.failure() is None and learner.version == 2
+        assert (tmp_path / "learner.pt").exists()
+        resumed = await start(
+            LearnerService,
+            LearnerSettings(
+                env=FAST_ENV,
+                mode="split",
+                checkpoint_dir=tmp_path,
+                max_updates=2,
+                replay_address=address(stack.hosts["replay"]),
+                inference_address=address(stack.hosts["inference"]),
+            ),
+        )
+        assert resumed.service.version == 2
+        for name, value in resumed.service.trainer.network.state_dict().items():
+            assert torch.equal(value, learner.trainer.network.state_dict()[name]), name
+        await resumed.stop()
+    finally:
+        await stack.stop()
