@@ -56,7 +56,7 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 600
-    assert summary["exit_codes"] == {"replay": 0, "inference": 0, "edge-encoder": 0, "environment": 0}
+    assert summary["exit_codes"] == {"replay": 0, "inference": 0, "learner": 0, "edge-encoder": 0, "environment": 0}
     assert summary["episodes"] > 0 and -1.0 <= summary["mean_episode_return"] <= 1.0
     per_step = summary["wan_bytes_per_env_step"]["rollout"]
     payload = 8192 if mode == "split" else 9216  # bf16 activations vs one uint8 frame
@@ -82,7 +82,7 @@ def test_ctrl_c_stops_every_service(tmp_path):
             assert up.poll() is None, up.stdout.read() if up.stdout else ""
             assert time.monotonic() < deadline, "stack did not start"
             time.sleep(0.1)
-        assert len(processes_mentioning(str(run_dir))) >= 5  # up itself + four services
+        assert len(processes_mentioning(str(run_dir))) >= 6  # up itself + five services
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=90)
     finally:
@@ -121,3 +121,16 @@ def test_bad_flag_fails_fast_with_the_value(tmp_path):
     )
     assert result.returncode == 2
     assert "--num-envs" in result.stderr and "'0'" in result.stderr
+
+
+def test_a_service_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        splitrl("up", "--env", "CartPole-v1", "--steps", "10", "--run-dir", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 1
+    assert "exited with code 1 while starting" in result.stderr
+    assert not processes_mentioning(str(run_dir))

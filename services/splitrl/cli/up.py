@@ -132,7 +132,8 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
     }
 
 
-def _start(name: str, flags: dict[str, Any], run_dir: Path, timeout_s: float) -> _Child:
+def _spawn(name: str, flags: dict[str, Any], run_dir: Path) -> _Child:
+    """Start one service process; it is stopped with the others even if it never becomes ready."""
     command = [sys.executable, "-m", "splitrl.cli.main", "serve", name]
     for key, value in flags.items():
         command += [flag_name(key), str(value)]
@@ -145,17 +146,20 @@ def _start(name: str, flags: dict[str, Any], run_dir: Path, timeout_s: float) ->
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
-    child = _Child(name, process)
-    port_file = Path(flags["port_file"])
+    return _Child(name, process)
+
+
+def _wait_ready(child: _Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
+    """Wait for the service's port file; raise if it exits or takes longer than `timeout_s`."""
+    log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with code {process.returncode} while starting; see {log.name}")
+        if child.process.poll() is not None:
+            raise RuntimeError(f"{child.name} exited with code {child.process.returncode} while starting; see {log}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} did not start serving within {timeout_s:.0f}s; see {log.name}")
+            raise TimeoutError(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
         time.sleep(0.05)
     child.ports = json.loads(port_file.read_text())
-    return child
 
 
 def _stop(child: _Child, timeout_s: float) -> None:
@@ -175,14 +179,15 @@ def run_up(settings: UpSettings) -> int:
     (run_dir / "metrics").mkdir(exist_ok=True)
     children: dict[str, _Child] = {}
     curve: list[dict[str, float]] = []
-    interrupted = False
+    interrupted = start_failed = False
     previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
     progress = Progress(settings.steps, sys.stdout.isatty())
     try:
         for name in START_ORDER:
             flags = _service_flags(name, settings, children, run_dir)
-            children[name] = _start(name, flags, run_dir, settings.start_timeout_s)
+            children[name] = _spawn(name, flags, run_dir)
+            _wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
         started = time.monotonic()
         environment = children["environment"].process
         while environment.poll() is None:
@@ -194,6 +199,9 @@ def run_up(settings: UpSettings) -> int:
     except KeyboardInterrupt:
         interrupted, elapsed = True, time.monotonic() - started
         print("\ninterrupted: stopping services", file=sys.stderr)
+    except (RuntimeError, TimeoutError) as error:  # a service failed to start
+        print(f"splitrl up: {error}", file=sys.stderr)
+        start_failed, elapsed = True, time.monotonic() - started
     finally:
         for name in reversed(START_ORDER):  # upstream first: each drains into the next
             if name in children:
@@ -205,7 +213,7 @@ def run_up(settings: UpSettings) -> int:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
-    return 130 if interrupted else (1 if failed else 0)
+    return 130 if interrupted else (1 if failed or start_failed else 0)
 
 
 def _live_texts(children: dict[str, _Child]) -> list[str]:
