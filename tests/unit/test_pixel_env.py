@@ -241,3 +241,13 @@ def test_action_repeat_of_one_is_a_plain_step():
 def test_action_repeat_rejects_zero():
     with pytest.raises(ValueError, match="got 0"):
         ActionRepeat(FrameEnv(), 0)
+
+
+def test_make_env_resizes_frames_of_another_size_without_opencv():
+    env = make_env("splitrl/Catch-v0", {"frame_size": 48, "grid": 12}, frame_size=96, action_repeat=1)
+    frame, _ = env.reset(seed=0)
+    assert frame.shape == (96, 96) and frame.dtype == np.uint8
+    assert env.observation_space.contains(frame)
+    # Area resize of a 4-px cell to 8 px keeps the ball's full brightness.
+    assert frame.max() == 255
+    env.close()

@@ -7,10 +7,12 @@ the fast pixel env as `splitrl/Catch-v0`.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from splitrl.core.models import ActionSpec
@@ -39,6 +41,13 @@ class ActionRepeat(gym.Wrapper[Any, Any, Any, Any]):
         return obs, total, terminated, truncated, info
 
 
+def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [H, W] -> uint8 [size, size] by area averaging (torch, so no OpenCV dependency)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(frame)).float()[None, None]
+    resized = torch.nn.functional.interpolate(tensor, size=(size, size), mode="area")
+    return resized[0, 0].round().clamp(0, 255).to(torch.uint8).numpy()
+
+
 def make_env(env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_repeat: int) -> gym.Env[Any, Any]:
     """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images."""
     env = gym.make(env_id, **env_kwargs)
@@ -55,7 +64,9 @@ def make_env(env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_re
             env.close()
             raise ValueError(f"env {env_id!r} has {space.shape[2]} channels; expected 1 (gray) or 3 (RGB)")
     if env.observation_space.shape != (frame_size, frame_size):
-        env = gym.wrappers.ResizeObservation(env, (frame_size, frame_size))  # needs opencv-python
+        env = gym.wrappers.TransformObservation(
+            env, partial(resize_frame, size=frame_size), gym.spaces.Box(0, 255, (frame_size, frame_size), np.uint8)
+        )
     if action_repeat > 1:
         env = ActionRepeat(env, action_repeat)
     return env
