@@ -87,6 +87,8 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         (lambda r: r.observations.shape.__setitem__(0, -2), "negative"),
         (lambda r: setattr(r, "sequence", 5), "sequence is 5, expected 0"),
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
+        (lambda r: r.rewards.__setitem__(0, float("inf")), "rewards holds NaN or Inf"),
+        (lambda r: r.step_ids.__setitem__(0, 2**64 - 1), "below 2**63"),
         (
             lambda r: r.observations.CopyFrom(
                 wire.encode(torch.full((2, WIDTH), float("nan")), wire.DType.DTYPE_BFLOAT16)
@@ -94,7 +96,17 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
             "NaN",
         ),
     ],
-    ids=["wrong-width", "unknown-dtype", "wrong-dtype", "negative-dim", "out-of-order", "ragged", "nan"],
+    ids=[
+        "wrong-width",
+        "unknown-dtype",
+        "wrong-dtype",
+        "negative-dim",
+        "out-of-order",
+        "ragged",
+        "inf-reward",
+        "huge-step-id",
+        "nan",
+    ],
 )
 async def test_each_malformed_act_request_is_refused_clearly(cloud_side, mutate, fragment):
     _, _, channel = cloud_side
@@ -167,3 +179,33 @@ async def test_edge_encoder_refuses_bad_frames():
             assert status.status == health_pb2.HealthCheckResponse.SERVING
     finally:
         await edge.stop()
+
+
+async def test_sample_on_an_empty_table_answers_empty_before_the_deadline(cloud_side):
+    _, replay, _ = cloud_side
+    async with rpc.insecure_channel(address(replay)) as channel:
+        stub = replay_pb2_grpc.ReplayStub(channel)
+        for _ in range(3):
+            response = await stub.Sample(replay_pb2.SampleRequest(table="rollouts", num_items=4), timeout=1.5)
+            assert list(response.items) == []
+
+
+async def test_edge_encoder_passes_inference_status_through():
+    # An edge in split mode dialling a cloud-mode inference: inference refuses, the environment learns why.
+    replay = await start(ReplayService, ReplaySettings())
+    inference = await start(
+        InferenceService, InferenceSettings(env=FAST_ENV, mode="cloud", replay_address=address(replay))
+    )
+    edge = await start(
+        EdgeEncoderService, EdgeEncoderSettings(env=FAST_ENV, mode="split", inference_address=address(inference))
+    )
+    try:
+        async with rpc.insecure_channel(address(edge)) as channel:
+            call = rollout_pb2_grpc.EdgeEncoderStub(channel).Rollout()
+            frames = wire.encode(torch.zeros(1, 96, 96, dtype=torch.uint8))
+            await call.write(rollout_pb2.EnvStep(frames=frames, rewards=[0], terminated=[0], truncated=[0]))
+            details = await expect_status(grpc.StatusCode.FAILED_PRECONDITION, call.read())
+            assert details.startswith("inference: ") and "expects codec 'frame'" in details
+    finally:
+        for host in (edge, inference, replay):
+            await host.stop()

@@ -65,7 +65,6 @@ async def test_inference_refuses_bad_weights_and_keeps_its_version():
                 "unknown entry": weights.to_proto(1, {**good, "extra.weight": torch.zeros(1)}),
                 "does not match": weights.to_proto(1, {**good, "critic.bias": torch.zeros(3)}),
                 "NaN": weights.to_proto(1, {**good, "critic.bias": torch.full((1,), float("nan"))}),
-                "not newer": weights.to_proto(0, good),
             }
             for fragment, message in cases.items():
                 with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -77,6 +76,11 @@ async def test_inference_refuses_bad_weights_and_keeps_its_version():
             ack = await publish(weights.to_proto(7, changed))
             assert ack.version == 7 and inference.policy.version == 7
             assert torch.equal(inference.policy.network.state_dict()["critic.bias"], changed["critic.bias"])
+            assert (await publish(weights.to_proto(7, changed))).version == 7  # a resumed learner re-publishes
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await publish(weights.to_proto(6, good))
+            assert "older than 7" in raised.value.details()
+            assert inference.policy.version == 7
     finally:
         await stack.stop()
 
@@ -103,6 +107,10 @@ async def test_learner_checkpoints_and_resumes(tmp_path):
         assert resumed.service.version == 2
         for name, value in resumed.service.trainer.network.state_dict().items():
             assert torch.equal(value, learner.trainer.network.state_dict()[name]), name
+        # Having reached max_updates already, the resumed learner only re-publishes its weights, and succeeds.
+        await asyncio.wait_for(resumed.service.finished().wait(), 30)
+        assert resumed.service.failure() is None
+        assert stack.inference.policy.version == 2
         await resumed.stop()
     finally:
         await stack.stop()

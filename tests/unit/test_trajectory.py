@@ -63,8 +63,7 @@ def add_step(cutter: TrajectoryCutter, step: int) -> list[TrajectoryTensors]:
     previous = step - 1
     return cutter.add(
         observation(step),
-        Decisions(action(step), log_prob(step), value(step)),
-        policy_version(step),
+        Decisions(action(step), log_prob(step), value(step), policy_version(step)),
         step_ids=step_id(step),
         encoder_version=encoder_version(step),
         previous_rewards=reward(previous) if step else torch.zeros(N),
@@ -151,8 +150,7 @@ def test_continuous_actions_keep_their_action_dimension():
     for step in range(2):
         chunks = cutter.add(
             observation(step),
-            Decisions(torch.full((N, 3), float(step)), log_prob(step), value(step)),
-            0,
+            Decisions(torch.full((N, 3), float(step)), log_prob(step), value(step), 0),
             step_ids=step_id(step),
             encoder_version=0,
             previous_rewards=torch.zeros(N),
@@ -263,3 +261,10 @@ def test_from_proto_enforces_max_length():
     assert from_proto(message, max_length=T).length == T
     with pytest.raises(BadRequest, match=rf"Trajectory has {T} steps; expected 1\.\.{T - 1}"):
         from_proto(message, max_length=T - 1)
+
+
+def test_from_proto_rejects_per_step_fields_with_extra_dimensions():
+    chunk = run_cutter()[T][0]  # the first chunk is cut by request T, its bootstrap row
+    chunk.rewards = torch.zeros(T, 5)
+    with pytest.raises(ValueError, match=r"rewards has shape \[3, 5\]; expected \[3\]"):
+        from_proto(chunk.to_proto())

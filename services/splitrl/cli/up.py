@@ -137,6 +137,7 @@ def _spawn(name: str, flags: dict[str, Any], run_dir: Path) -> _Child:
     command = [sys.executable, "-m", "splitrl.cli.main", "serve", name]
     for key, value in flags.items():
         command += [flag_name(key), str(value)]
+    Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
     log = (run_dir / "logs" / f"{name}.log").open("wb")
     process = subprocess.Popen(
         command,
@@ -177,6 +178,8 @@ def run_up(settings: UpSettings) -> int:
     run_dir = settings.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.mode}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics").mkdir(exist_ok=True)
+    for stale in (run_dir / "metrics").glob("*.prom"):  # a reused run dir: count only this run
+        stale.unlink()
     children: dict[str, _Child] = {}
     curve: list[dict[str, float]] = []
     interrupted = start_failed = False
@@ -191,6 +194,9 @@ def run_up(settings: UpSettings) -> int:
         started = time.monotonic()
         environment = children["environment"].process
         while environment.poll() is None:
+            crashed = [c.name for c in children.values() if c.name != "environment" and c.process.poll() is not None]
+            if crashed:
+                raise RuntimeError(f"{', '.join(crashed)} exited during the run; see {run_dir / 'logs'}")
             texts = _live_texts(children)
             progress.update(texts, time.monotonic() - started)
             curve.append(_curve_point(texts))
@@ -199,14 +205,18 @@ def run_up(settings: UpSettings) -> int:
     except KeyboardInterrupt:
         interrupted, elapsed = True, time.monotonic() - started
         print("\ninterrupted: stopping services", file=sys.stderr)
-    except (RuntimeError, TimeoutError) as error:  # a service failed to start
+    except (RuntimeError, TimeoutError) as error:  # a service failed to start, or died mid-run
         print(f"splitrl up: {error}", file=sys.stderr)
         start_failed, elapsed = True, time.monotonic() - started
     finally:
+        # A second Ctrl-C must not cut the clean-up short: children would linger and no summary be written.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for name in reversed(START_ORDER):  # upstream first: each drains into the next
             if name in children:
                 _stop(children[name], timeout_s=15.0)
         progress.close()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous_term)
     summary = build_summary(settings, run_dir, children, elapsed, interrupted)
     summary["curve"] = curve

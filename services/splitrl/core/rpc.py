@@ -50,7 +50,17 @@ class Refused(Exception):
     """A request that is well-formed but cannot be served now or here (FAILED_PRECONDITION)."""
 
 
+class UpstreamFailed(Exception):
+    """A call this service made on a caller's behalf failed; the caller gets the same status."""
+
+    def __init__(self, peer: str, error: grpc.aio.AioRpcError) -> None:
+        super().__init__(f"{peer}: {error.details()}")
+        self.code: grpc.StatusCode = error.code()
+
+
 def _status_for(error: BaseException) -> grpc.StatusCode | None:
+    if isinstance(error, UpstreamFailed):
+        return error.code
     if isinstance(error, WireError | BadRequest):
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, Refused):
@@ -98,7 +108,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behaviour(request, context)
-            except (WireError, BadRequest, Refused) as error:
+            except (WireError, BadRequest, Refused, UpstreamFailed) as error:
                 await self._abort(context, method, error)
 
         return wrapped
@@ -109,7 +119,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             try:
                 async for response in behaviour(request_iterator, context):
                     yield response
-            except (WireError, BadRequest, Refused) as error:
+            except (WireError, BadRequest, Refused, UpstreamFailed) as error:
                 await self._abort(context, method, error)
             finally:
                 self._metrics.streams_open.labels(method=method).dec()

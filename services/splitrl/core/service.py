@@ -88,10 +88,10 @@ class ServiceHost:
         return host
 
     async def stop(self) -> None:
-        """Report NOT_SERVING, stop background work (it flushes through the still-open server), drain calls."""
+        """Report NOT_SERVING, drain in-flight calls (background work still serves them), then stop that work."""
         await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
-        await self.service.stop()
         await self.server.stop(self.settings.shutdown_grace_s)
+        await self.service.stop()
         if self.settings.final_metrics_file is not None:
             self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
         self._http.shutdown()  # type: ignore[attr-defined]

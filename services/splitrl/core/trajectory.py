@@ -75,4 +75,11 @@ def from_proto(message: replay_pb2.Trajectory, *, max_length: int = 4096) -> Tra
         rows = length + 1 if name in _BOOTSTRAP_FIELDS else length
         if tensor.dim() == 0 or tensor.shape[0] != rows:
             raise BadRequest(f"Trajectory.{name} has shape {list(tensor.shape)}; expected {rows} rows")
+        if name not in ("observations", "actions") and tensor.dim() != 1:
+            raise BadRequest(f"Trajectory.{name} has shape {list(tensor.shape)}; expected [{rows}]")
+    if decoded["actions"].dim() > 2 or decoded["observations"].dim() < 2:
+        raise BadRequest(
+            f"Trajectory actions {list(decoded['actions'].shape)} must be [T] or [T, A] and observations "
+            f"{list(decoded['observations'].shape)} at least [T+1, D]"
+        )
     return TrajectoryTensors(**decoded)

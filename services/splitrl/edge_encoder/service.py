@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -85,6 +86,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 self.env_meter.sent(reply, phase="rollout", payload="action")
                 yield reply
             await call.done_writing()
+        except grpc.aio.AioRpcError as error:
+            raise rpc.UpstreamFailed("inference", error) from None
         finally:
             call.cancel()
 
@@ -132,6 +135,8 @@ class _EnvStream:
         for name in ("rewards", "terminated", "truncated"):
             if len(getattr(step, name)) != n:
                 raise BadRequest(f"EnvStep.{name} has {len(getattr(step, name))} entries for {n} envs")
+        if not all(math.isfinite(reward) for reward in step.rewards):
+            raise BadRequest("EnvStep.rewards holds NaN or Inf")
         if self.num_envs is None:
             self.num_envs = n
             self.stacker = FrameStacker(n, self.settings.frame_stack, size, size)

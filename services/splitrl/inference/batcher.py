@@ -88,8 +88,9 @@ class Batcher:
         offset = 0
         for request in batch:
             n = request.observations.shape[0]
-            part = Decisions(
-                *(t[offset : offset + n] for t in (decisions.actions, decisions.log_probs, decisions.values))
+            rows = slice(offset, offset + n)
+            part = Decisions(  # every row of a batch was decided by the same policy version
+                decisions.actions[rows], decisions.log_probs[rows], decisions.values[rows], decisions.policy_version
             )
             offset += n
             if not request.future.done():  # the stream may have gone away meanwhile

@@ -16,6 +16,7 @@ class Decisions:
     actions: torch.Tensor  # int64 [B] or float32 [B, A]
     log_probs: torch.Tensor  # float32 [B]
     values: torch.Tensor  # float32 [B]
+    policy_version: int  # the version whose weights produced these decisions
 
 
 class Policy:
@@ -47,4 +48,4 @@ class Policy:
             base = distribution.base_dist  # type: ignore[attr-defined]
             noise = torch.randn(base.loc.shape, generator=self._generator)
             actions = base.loc + base.scale * noise
-        return Decisions(actions, distribution.log_prob(actions).float(), values.float())
+        return Decisions(actions, distribution.log_prob(actions).float(), values.float(), self.version)

@@ -66,10 +66,10 @@ class ReplayWriter:
                 try:
                     await self._stream(stub)
                     backoff = 0.1
-                except grpc.aio.AioRpcError as error:
-                    log.warning(
-                        "replay stream broke (%s: %s); retrying in %.1fs", error.code().name, error.details(), backoff
-                    )
+                except asyncio.CancelledError:
+                    raise
+                except Exception as error:  # any broken stream: reconnect, re-send what is unacknowledged
+                    log.warning("replay stream broke (%s); retrying in %.1fs", error, backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, 5.0)
 

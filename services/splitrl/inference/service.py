@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,8 +23,9 @@ from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ModelConfig
 from splitrl.core.rpc import BadRequest, Refused
+from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.inference.batcher import Batcher
-from splitrl.inference.policy import Policy
+from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.replay_writer import ReplayWriter
 from splitrl.inference.settings import InferenceSettings
 from splitrl.inference.trajectories import TrajectoryCutter
@@ -101,11 +103,11 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                 response = rollout_pb2.ActResponse(
                     sequence=request.sequence,
                     actions=wire.encode(decisions.actions),
-                    policy_version=self.policy.version,
+                    policy_version=decisions.policy_version,
                 )
                 self.meter.sent(response, phase="rollout", payload="action")
                 yield response
-                for chunk in stream.record(request, observations, decisions, self.policy.version):
+                for chunk in stream.record(request, observations, decisions):
                     self.metrics.trajectories.inc()
                     await self.writer.put(chunk.to_proto())
         finally:
@@ -116,8 +118,9 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     ) -> AsyncIterator[weights_pb2.WeightsAck]:
         async for message in request_iterator:
             self.weights_meter.received(message, phase="weights", payload="weights")
-            if message.version <= self.policy.version:
-                raise BadRequest(f"Weights.version {message.version} is not newer than {self.policy.version}")
+            # The same version again is accepted: a learner resumed from its checkpoint re-publishes it.
+            if message.version < self.policy.version:
+                raise BadRequest(f"Weights.version {message.version} is older than {self.policy.version}")
             state = weights.from_proto(message, self.policy.network.state_dict())
             # The policy executor runs one batch at a time, so the swap lands between two batches.
             loop = asyncio.get_running_loop()
@@ -151,6 +154,10 @@ class _EdgeStream:
         for name in ("rewards", "terminated", "truncated", "step_ids"):
             if len(getattr(request, name)) != n:
                 raise BadRequest(f"ActRequest.{name} has {len(getattr(request, name))} entries for {n} envs")
+        if not all(math.isfinite(reward) for reward in request.rewards):
+            raise BadRequest("ActRequest.rewards holds NaN or Inf")
+        if (request.step_ids and max(request.step_ids) >= 2**63) or request.encoder_version >= 2**63:
+            raise BadRequest("ActRequest.step_ids / encoder_version must be below 2**63")
         if self.codec == "activation" and not bool(torch.isfinite(observations).all()):
             raise BadRequest("ActRequest.observations holds NaN or Inf activations")
         first = self.num_envs is None
@@ -169,11 +176,13 @@ class _EdgeStream:
             return observations.clamp(0, 255).round().to(torch.uint8)
         return observations
 
-    def record(self, request: rollout_pb2.ActRequest, observations: torch.Tensor, decisions, version: int) -> list:
+    def record(
+        self, request: rollout_pb2.ActRequest, observations: torch.Tensor, decisions: Decisions
+    ) -> list[TrajectoryTensors]:
+        """Feed one acted-on request to the cutter; returns the chunks it completed."""
         return self.cutter.add(
             observations,
             decisions,
-            version,
             step_ids=torch.tensor(request.step_ids, dtype=torch.int64),
             encoder_version=request.encoder_version,
             previous_rewards=torch.tensor(request.rewards, dtype=torch.float32),

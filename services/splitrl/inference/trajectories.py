@@ -22,7 +22,6 @@ class _Step:
 
     observations: torch.Tensor
     decisions: Decisions
-    policy_version: int
     step_ids: torch.Tensor  # int64 [N]
     encoder_version: int
     rewards: torch.Tensor | None = None  # float32 [N], filled by the next request
@@ -43,18 +42,20 @@ class TrajectoryCutter:
         self,
         observations: torch.Tensor,
         decisions: Decisions,
-        policy_version: int,
         step_ids: torch.Tensor,
         encoder_version: int,
         previous_rewards: torch.Tensor,
         previous_terminated: torch.Tensor,
         previous_truncated: torch.Tensor,
     ) -> list[TrajectoryTensors]:
-        """Record a step acted on; `previous_*` complete the step before it. Returns finished chunks."""
+        """Record a step acted on (by `decisions.policy_version`); `previous_*` complete the step before it.
+
+        Returns the chunks this step finished (as their bootstrap row), possibly none.
+        """
         if self._steps:
             last = self._steps[-1]
             last.rewards, last.terminated, last.truncated = previous_rewards, previous_terminated, previous_truncated
-        step = _Step(observations, decisions, policy_version, step_ids, encoder_version)
+        step = _Step(observations, decisions, step_ids, encoder_version)
         chunks: list[TrajectoryTensors] = []
         if len(self._steps) == self.unroll_length:
             chunks = self._cut(bootstrap=step)
@@ -73,7 +74,7 @@ class TrajectoryCutter:
         rewards = torch.stack([s.rewards for s in steps], dim=1)  # type: ignore[misc]
         terminated = torch.stack([s.terminated for s in steps], dim=1)  # type: ignore[misc]
         truncated = torch.stack([s.truncated for s in steps], dim=1)  # type: ignore[misc]
-        versions = torch.tensor([s.policy_version for s in steps], dtype=torch.int64)
+        versions = torch.tensor([s.decisions.policy_version for s in steps], dtype=torch.int64)
         step_ids = torch.stack([s.step_ids for s in with_bootstrap], dim=1)
         encoder_versions = torch.tensor([s.encoder_version for s in with_bootstrap], dtype=torch.int64)
         return [

@@ -92,6 +92,8 @@ class LearnerService:
             replay_stub = replay_pb2_grpc.ReplayStub(replay)
             publish = weights_pb2_grpc.PolicyUpdatesStub(inf).Publish()
             loop = asyncio.get_running_loop()
+            if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
+                await self._publish(publish)
             while not s.max_updates or self.version < s.max_updates:
                 chunks = await self._collect(replay_stub)
                 stats = await loop.run_in_executor(self._executor, self.trainer.update, Batch.stack(chunks))
@@ -109,7 +111,14 @@ class LearnerService:
         while len(chunks) < s.chunks_per_update:
             request = replay_pb2.SampleRequest(table=s.replay_table, num_items=s.chunks_per_update - len(chunks))
             self.replay_meter.sent(request, phase="training", payload="request")
-            response = await stub.Sample(request, timeout=SAMPLE_WAIT_S + 5)
+            try:
+                response = await stub.Sample(request, timeout=SAMPLE_WAIT_S)
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise
+                log.warning("replay sample failed (%s); retrying", error.code().name)
+                await asyncio.sleep(1.0)
+                continue
             self.replay_meter.received(response, phase="training", payload="batch")
             for item in response.items:
                 chunk = trajectory.from_proto(item.trajectory)

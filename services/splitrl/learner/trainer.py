@@ -63,12 +63,12 @@ class Trainer:
         s = self.settings
         chunks, horizon = batch.rewards.shape
         flat_observations = batch.observations[:, :-1].reshape(chunks * horizon, *batch.observations.shape[2:])
-        advantages, returns = self._advantages(batch)
+        advantages, returns, old_log_probs = self._advantages(batch)
 
         flat = {
             "observations": flat_observations,
             "actions": batch.actions.reshape(chunks * horizon, *batch.actions.shape[2:]),
-            "old_log_probs": batch.behaviour_log_probs.reshape(-1),
+            "old_log_probs": old_log_probs.reshape(-1),
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
         }
@@ -105,10 +105,17 @@ class Trainer:
         return UpdateStats(policy, value, entropy, approx_kl, clip_fraction, steps=size)
 
     @torch.no_grad()
-    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, value targets, log-probs the PPO ratio is taken against), each [B, T].
+
+        GAE: the ratio is against the behaviour policy. V-trace: its advantages already carry the
+        truncated importance weight, so the ratio is against the current policy before this update
+        (as in APPO); using the behaviour policy there would correct twice.
+        """
         s = self.settings
         if s.correction == "gae":
-            return gae(batch.rewards, batch.values, batch.dones, s.gamma, s.gae_lambda)
+            advantages, returns = gae(batch.rewards, batch.values, batch.dones, s.gamma, s.gae_lambda)
+            return advantages, returns, batch.behaviour_log_probs
         chunks, horizon = batch.rewards.shape
         observations = batch.observations.reshape(chunks * (horizon + 1), *batch.observations.shape[2:])
         distribution, values = self.network(observations)
@@ -119,4 +126,4 @@ class Trainer:
         result = vtrace(
             batch.behaviour_log_probs, target_log_probs, batch.rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
         )
-        return result.pg_advantages, result.value_targets
+        return result.pg_advantages, result.value_targets, target_log_probs

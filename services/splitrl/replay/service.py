@@ -13,6 +13,9 @@ from splitrl.replay.settings import ReplaySettings
 from splitrl.replay.table import QueueTable
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
+#: Seconds before a Sample call's deadline at which replay stops waiting and answers with what it has.
+SAMPLE_DEADLINE_MARGIN_S = 1.0
+
 
 class ReplayService(replay_pb2_grpc.ReplayServicer):
     """Serves the tables; every insert is validated before it is stored and acknowledged."""
@@ -68,7 +71,10 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         table = self._table(request.table)
         if request.num_items < 1:
             raise BadRequest(f"SampleRequest.num_items must be >= 1, got {request.num_items}")
-        items = await table.sample(request.num_items, context.time_remaining())
+        remaining = context.time_remaining()
+        # Answer (possibly empty) before the caller's deadline, never let the deadline answer for us.
+        wait_s = None if remaining is None else max(0.0, remaining - SAMPLE_DEADLINE_MARGIN_S)
+        items = await table.sample(request.num_items, wait_s)
         self.metrics.replay_samples.labels(table=table.name).inc(len(items))
         self.metrics.replay_size.labels(table=table.name).set(table.size)
         response = replay_pb2.SampleResponse(
