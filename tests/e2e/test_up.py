@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from splitrl.core import scrape
+
 pytestmark = pytest.mark.e2e
 
 
@@ -83,6 +85,10 @@ def test_ctrl_c_stops_every_service(tmp_path):
             assert time.monotonic() < deadline, "stack did not start"
             time.sleep(0.1)
         assert len(processes_mentioning(str(run_dir))) >= 6  # up itself + five services
+        metrics_port = json.loads((run_dir / "environment.ports.json").read_text())["metrics"]
+        while scrape.total([scrape.fetch(metrics_port)], "splitrl_env_steps_total") == 0:
+            assert time.monotonic() < deadline, "no env steps"
+            time.sleep(0.1)
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=90)
     finally:
