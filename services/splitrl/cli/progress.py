@@ -30,11 +30,16 @@ class Progress:
         if self._live is not None:
             self._live.start()
         self._last_line = 0.0
+        # Counters only grow; a service that has already exited must not make the display go backwards.
+        self._steps = 0
+        self._sent: dict[tuple[str, str], int] = {}
 
     def update(self, texts: list[str], elapsed_s: float) -> None:
-        steps = int(scrape.total(texts, "splitrl_env_steps_total"))
+        self._steps = steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
         rate = steps / elapsed_s if elapsed_s > 0 else 0.0
-        sent = self._sent_bytes(texts)
+        for key, value in self._sent_bytes(texts).items():
+            self._sent[key] = max(self._sent.get(key, 0), value)
+        sent = self._sent
         if self._live is not None:
             table = Table(title=f"splitrl: {steps}/{self.target_steps} env steps, {rate:.0f} steps/s")
             table.add_column("link")
