@@ -34,6 +34,23 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def start_long_run(run_dir: Path, **popen: object) -> subprocess.Popen:
+    """`splitrl up` with far more steps than a test waits for, returned once env steps are flowing."""
+    up = subprocess.Popen(
+        splitrl("up", "--env", "splitrl/Catch-v0", "--steps", "100000000", "--run-dir", str(run_dir)), **popen
+    )
+    deadline = time.monotonic() + 120
+    port_file = run_dir / "environment.ports.json"
+    while (
+        not port_file.exists()
+        or scrape.total([scrape.fetch(json.loads(port_file.read_text())["metrics"])], "splitrl_env_steps_total") == 0
+    ):
+        assert up.poll() is None, f"splitrl up exited with {up.returncode} before stepping"
+        assert time.monotonic() < deadline, "no env steps within 120 s"
+        time.sleep(0.1)
+    return up
+
+
 @pytest.mark.parametrize("mode", ["split", "cloud"])
 def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     run_dir = tmp_path / "run"
@@ -72,23 +89,9 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
 
 def test_ctrl_c_stops_every_service(tmp_path):
     run_dir = tmp_path / "run"
-    up = subprocess.Popen(
-        splitrl("up", "--env", "splitrl/Catch-v0", "--steps", "100000000", "--run-dir", str(run_dir)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_long_run(run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / "environment.ports.json").exists():
-            assert up.poll() is None, up.stdout.read() if up.stdout else ""
-            assert time.monotonic() < deadline, "stack did not start"
-            time.sleep(0.1)
         assert len(processes_mentioning(str(run_dir))) >= 6  # up itself + five services
-        metrics_port = json.loads((run_dir / "environment.ports.json").read_text())["metrics"]
-        while scrape.total([scrape.fetch(metrics_port)], "splitrl_env_steps_total") == 0:
-            assert time.monotonic() < deadline, "no env steps"
-            time.sleep(0.1)
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=90)
     finally:
@@ -104,15 +107,7 @@ def test_ctrl_c_stops_every_service(tmp_path):
 def test_killing_up_takes_its_services_down(tmp_path):
     """Even SIGKILL, which up cannot catch, leaves no services behind (PR_SET_PDEATHSIG)."""
     run_dir = tmp_path / "run"
-    up = subprocess.Popen(
-        splitrl("up", "--env", "splitrl/Catch-v0", "--steps", "100000000", "--run-dir", str(run_dir)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not (run_dir / "environment.ports.json").exists():
-        assert up.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
+    up = start_long_run(run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.kill(up.pid, signal.SIGKILL)
     up.wait()
     deadline = time.monotonic() + 30
