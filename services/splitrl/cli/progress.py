@@ -37,7 +37,7 @@ class Progress:
     def update(self, texts: list[str], elapsed_s: float) -> None:
         self._steps = steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
         rate = steps / elapsed_s if elapsed_s > 0 else 0.0
-        for key, value in self._sent_bytes(texts).items():
+        for key, value in scrape.sent_bytes(scrape.link_counts(texts)).items():
             self._sent[key] = max(self._sent.get(key, 0), value)
         sent = self._sent
         if self._live is not None:
@@ -54,15 +54,6 @@ class Progress:
             print(
                 f"[{elapsed_s:6.1f}s] {steps}/{self.target_steps} env steps, {rate:.0f} steps/s | {links}", flush=True
             )
-
-    @staticmethod
-    def _sent_bytes(texts: list[str]) -> dict[tuple[str, str], int]:
-        sent: dict[tuple[str, str], int] = {}
-        for link, phases in scrape.link_counts(texts).items():
-            for phase, payloads in phases.items():
-                total = sum(d.get("sent", {}).get("bytes", 0) for d in payloads.values())
-                sent[(link, phase)] = sent.get((link, phase), 0) + total
-        return sent
 
     def close(self) -> None:
         if self._live is not None:

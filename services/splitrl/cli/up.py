@@ -254,9 +254,8 @@ def build_summary(
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
     links = scrape.link_counts(texts)
     wan_bytes: dict[str, int] = {}
-    for link in WAN_LINKS & links.keys():
-        for phase, payloads in links[link].items():
-            sent = sum(directions.get("sent", {}).get("bytes", 0) for directions in payloads.values())
+    for (link, phase), sent in scrape.sent_bytes(links).items():
+        if link in WAN_LINKS:
             wan_bytes[phase] = wan_bytes.get(phase, 0) + sent
     episodes = int(scrape.total(texts, "splitrl_episode_return_count"))
     return_sum = scrape.total(texts, "splitrl_episode_return_sum")

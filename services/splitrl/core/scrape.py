@@ -50,6 +50,15 @@ def link_counts(texts: Iterable[str]) -> dict[str, Any]:
     return _plain(links)
 
 
+def sent_bytes(links: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """Bytes sent per (link, phase), over all payloads, from a `link_counts` result."""
+    return {
+        (link, phase): sum(ends.get("sent", {}).get("bytes", 0) for ends in payloads.values())
+        for link, phases in links.items()
+        for phase, payloads in phases.items()
+    }
+
+
 def total(texts: Iterable[str], sample_name: str) -> float:
     """Sum of every sample called `sample_name` (e.g. splitrl_env_steps_total), over all expositions."""
     return sum(value for text in texts for name, _, value in samples(text) if name == sample_name)
