@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +46,40 @@ class Service(Protocol):
 
     def failure(self) -> BaseException | None:
         """Why the service's own work failed, if it did (the process then exits with status 1)."""
+
+
+class BackgroundLoop:
+    """The one long-running coroutine a service runs beside its server (the env loop, the training loop).
+
+    `done` is set however the loop ends; `failure` records the exception if it ended by one
+    (cancellation is a stop, not a failure). Services expose both through `finished()` / `failure()`.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done = asyncio.Event()
+        self.failure: BaseException | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, work: Callable[[], Awaitable[None]]) -> None:
+        self._task = asyncio.create_task(self._guarded(work), name=self.name)
+
+    async def cancel(self) -> None:
+        """Stop the loop if it is still running and wait until it has."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await work()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            self.failure = error
+            log.exception("%s failed", self.name)
+        finally:
+            self.done.set()
 
 
 @dataclass

@@ -17,6 +17,7 @@ import numpy as np
 from splitrl.core import rpc, wire
 from splitrl.core.envs import action_spec_from_space, make_vector_env
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.service import BackgroundLoop
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -37,39 +38,23 @@ class EnvironmentService:
         )
         self.action_spec = action_spec_from_space(self.envs.single_action_space)
         self.steps_taken = 0
-        self._done = asyncio.Event()
-        self._failure: BaseException | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.loop = BackgroundLoop("environment loop")
 
     def register(self, server: grpc.aio.Server) -> None:
         pass  # health only: the environment serves no RPC of its own
 
     def finished(self) -> asyncio.Event:
-        return self._done
+        return self.loop.done
 
     def failure(self) -> BaseException | None:
-        return self._failure
+        return self.loop.failure
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run_guarded(), name="environment-loop")
+        self.loop.start(self.run)
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.loop.cancel()
         self.envs.close()
-
-    async def _run_guarded(self) -> None:
-        try:
-            await self.run()
-        except grpc.aio.AioRpcError as error:
-            self._failure = error
-            log.error("stream to edge-encoder failed: %s %s", error.code().name, error.details())
-        except Exception as error:
-            self._failure = error
-            log.exception("environment loop failed")
-        finally:
-            self._done.set()
 
     async def run(self) -> None:
         """The rollout loop. Returns once max_steps agent steps are done."""

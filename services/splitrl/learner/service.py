@@ -25,6 +25,7 @@ from splitrl.core import rpc, trajectory, weights
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
+from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer
@@ -51,40 +52,25 @@ class LearnerService:
         self.trainer = Trainer(network, settings)
         self.version = 0
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
-        self._done = asyncio.Event()
-        self._failure: BaseException | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.loop = BackgroundLoop("learner loop")
         self._restore()
 
     def register(self, server: grpc.aio.Server) -> None:
         pass  # health only until the split modes' training stream lands here
 
     def finished(self) -> asyncio.Event:
-        return self._done
+        return self.loop.done
 
     def failure(self) -> BaseException | None:
-        return self._failure
+        return self.loop.failure
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run_guarded(), name="learner-loop")
+        self.loop.start(self.run)
 
     async def stop(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        await self.loop.cancel()
         self._executor.shutdown(wait=True)
         self._checkpoint()
-
-    async def _run_guarded(self) -> None:
-        try:
-            await self.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            self._failure = error
-            log.exception("learner loop failed")
-        finally:
-            self._done.set()
 
     async def run(self) -> None:
         s = self.settings
