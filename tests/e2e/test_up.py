@@ -51,7 +51,7 @@ def start_long_run(run_dir: Path, **popen: object) -> subprocess.Popen:
     return up
 
 
-@pytest.mark.parametrize("mode", ["split", "cloud"])
+@pytest.mark.parametrize("mode", ["split", "split-accumulate", "cloud"])
 def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     run_dir = tmp_path / "run"
     result = subprocess.run(
@@ -78,12 +78,13 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert summary["exit_codes"] == {"replay": 0, "inference": 0, "learner": 0, "edge-encoder": 0, "environment": 0}
     assert summary["episodes"] > 0 and -1.0 <= summary["mean_episode_return"] <= 1.0
     per_step = summary["wan_bytes_per_env_step"]["rollout"]
-    payload = 8192 if mode == "split" else 9216  # bf16 activations vs one uint8 frame
+    payload = 9216 if mode == "cloud" else 8192  # one uint8 frame vs bf16 activations
     assert payload < per_step < payload + 64, per_step
     uplink = summary["links"]["encoder-inference"]["rollout"]
     for ends in uplink.values():
         assert ends["sent"] == ends["received"]
     assert "summary written to" in result.stdout
+    assert (run_dir / "learning.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert not processes_mentioning(str(run_dir))
 
 

@@ -58,6 +58,7 @@ class Stack:
         env: str = FAST_ENV,
         env_kwargs: dict | None = None,
         learner: dict | None = None,
+        edge: dict | None = None,
     ) -> Stack:
         """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
         shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width}
@@ -85,10 +86,16 @@ class Stack:
                         **learner,
                     ),
                 )
+            learner_address = address(stack.hosts["learner"]) if "learner" in stack.hosts else "127.0.0.1:1"
             stack.hosts["edge-encoder"] = await start(
                 EdgeEncoderService,
                 EdgeEncoderSettings(
-                    **shared, mode=mode, codec=codec, inference_address=address(stack.hosts["inference"])
+                    **shared,
+                    mode=mode,
+                    codec=codec,
+                    inference_address=address(stack.hosts["inference"]),
+                    learner_address=learner_address,
+                    **(edge or {}),
                 ),
             )
             stack.hosts["environment"] = await start(
@@ -125,6 +132,6 @@ class Stack:
         return {name: scrape.fetch(host.metrics_port) for name, host in self.hosts.items()}
 
     async def stop(self) -> None:
-        for name in ("environment", "edge-encoder", "inference", "replay"):
+        for name in ("environment", "edge-encoder", "learner", "inference", "replay"):
             if name in self.hosts:
                 await self.hosts[name].stop()

@@ -1,10 +1,12 @@
-"""`splitrl`: run one service (`splitrl serve SERVICE`) or a whole local training run (`splitrl up`)."""
+"""`splitrl`: run one service (`serve SERVICE`), train locally (`up`), or redraw a run's plot (`plot RUN_DIR`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from splitrl.cli.args import add_settings_arguments, settings_from_args
@@ -55,7 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
         description=UpSettings.__doc__,
     )
     add_settings_arguments(up, UpSettings)
+    plot = commands.add_parser(
+        "plot",
+        help="Redraw RUN_DIR/learning.png from RUN_DIR/summary.json.",
+        description="Redraw RUN_DIR/learning.png (learning curve, bytes per link) from RUN_DIR/summary.json.",
+    )
+    plot.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="A directory `splitrl up` wrote.")
     return parser
+
+
+def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
+    from splitrl.cli.plots import plot_run
+
+    path = run_dir / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"splitrl plot: cannot read {path}: {error}\n")
+    if not isinstance(summary, dict):
+        parser.exit(2, f"splitrl plot: {path} is not a run summary (a JSON object)\n")
+    print(plot_run(summary, run_dir / "learning.png"))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as error:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
+    if args.command == "plot":
+        return _plot(parser, args.run_dir)
     from splitrl.cli.up import UpSettings, run_up
 
     try:

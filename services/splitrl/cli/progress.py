@@ -12,7 +12,7 @@ from rich.table import Table
 from splitrl.core import scrape
 
 
-def _human_bytes(n: float) -> str:
+def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000:
             return f"{n:.1f} {unit}"
@@ -46,11 +46,11 @@ class Progress:
             table.add_column("phase")
             table.add_column("bytes sent", justify="right")
             for (link, phase), total in sorted(sent.items()):
-                table.add_row(link, phase, _human_bytes(total))
+                table.add_row(link, phase, human_bytes(total))
             self._live.update(table)
         elif elapsed_s - self._last_line >= 5.0 or steps >= self.target_steps:
             self._last_line = elapsed_s
-            links = ", ".join(f"{link}/{phase} {_human_bytes(b)}" for (link, phase), b in sorted(sent.items()))
+            links = ", ".join(f"{link}/{phase} {human_bytes(b)}" for (link, phase), b in sorted(sent.items()))
             print(
                 f"[{elapsed_s:6.1f}s] {steps}/{self.target_steps} env steps, {rate:.0f} steps/s | {links}", flush=True
             )
@@ -75,9 +75,9 @@ class Progress:
                         phase,
                         payload,
                         str(sent["messages"]),
-                        _human_bytes(sent["bytes"]),
+                        human_bytes(sent["bytes"]),
                         str(sent["elements"]),
                         f"{sent['bytes'] / steps:.0f}",
                     )
         self.console.print(table)
-        self.console.print(f"summary written to {path}")
+        self.console.print(f"summary written to {path}; plots in {path.with_name('learning.png')}")

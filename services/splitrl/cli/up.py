@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from splitrl.cli.args import flag_name
+from splitrl.cli.plots import plot_run
 from splitrl.cli.progress import Progress
 from splitrl.core import scrape
 from splitrl.core.config import EnvSettings, Mode, ObservationCodec, Settings
@@ -50,6 +51,9 @@ class UpSettings(EnvSettings, Settings):
     minibatches: int = Field(4, ge=1, description="Learner: minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Learner: Adam learning rate.")
     correction: Literal["gae", "vtrace"] = Field("gae", description="Learner: GAE (PPO) or V-trace advantages.")
+    encoder_fraction: float = Field(
+        0.25, ge=0, le=1, description="split-accumulate: share of minibatch rows whose gradients go to the edge."
+    )
 
 
 @dataclass
@@ -111,12 +115,14 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
             "minibatches": settings.minibatches,
             "learning_rate": settings.learning_rate,
             "correction": settings.correction,
+            "encoder_fraction": settings.encoder_fraction,
         }
     if name == "edge-encoder":
         return {
             **common,
             **shared,
             "inference_address": address("inference"),
+            "learner_address": address("learner"),
             "mode": settings.mode,
             "codec": settings.codec,
             "seed": settings.seed,
@@ -221,6 +227,7 @@ def run_up(settings: UpSettings) -> int:
     summary = build_summary(settings, run_dir, children, elapsed, interrupted)
     summary["curve"] = curve
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    plot_run(summary, run_dir / "learning.png")
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
     return 130 if interrupted else (1 if failed or start_failed else 0)

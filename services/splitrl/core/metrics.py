@@ -124,6 +124,30 @@ class Metrics:
         self.replay_samples = Counter(
             "splitrl_replay_samples", "Items handed out by a replay table.", ["table"], registry=registry
         )
+        self.replay_evictions = Counter(
+            "splitrl_replay_evictions",
+            "Items a replay table dropped, oldest first, to stay within max_size.",
+            ["table"],
+            registry=registry,
+        )
+        self.replay_rate_limiter_diff = Gauge(
+            "splitrl_replay_rate_limiter_diff",
+            "A replay table's rate-limiter diff: inserts x samples_per_insert - samples.",
+            ["table"],
+            registry=registry,
+        )
+        self.replay_rate_limiter_blocked = Counter(
+            "splitrl_replay_rate_limiter_blocked",
+            "Insert or Sample calls that had to wait for a replay table's rate limiter (op: insert | sample).",
+            ["table", "op"],
+            registry=registry,
+        )
+        self.replay_priority_updates = Counter(
+            "splitrl_replay_priority_updates",
+            "Priority updates received by a replay table (outcome: applied | unknown_key).",
+            ["table", "outcome"],
+            registry=registry,
+        )
         self.rejected_requests = Counter(
             "splitrl_rejected_requests",
             "Requests refused for bad input, by RPC method and gRPC status code.",
@@ -145,6 +169,34 @@ class Metrics:
         self.stale_chunks_dropped = Counter(
             "splitrl_stale_chunks_dropped",
             "Chunks the learner dropped for exceeding max_policy_lag.",
+            registry=registry,
+        )
+        self.encoder_version = Gauge(
+            "splitrl_encoder_version", "Optimizer steps the edge encoder has taken (split modes).", registry=registry
+        )
+        self.encoder_updates = Counter(
+            "splitrl_encoder_updates", "Gradient batches the edge applied to its encoder.", registry=registry
+        )
+        self.observation_store_size = Gauge(
+            "splitrl_observation_store_size",
+            "Frame stacks the edge keeps for recomputing activations, by step id (split modes).",
+            registry=registry,
+        )
+        self.unknown_step_ids = Counter(
+            "splitrl_unknown_step_ids",
+            "Step ids asked for by the learner that the edge no longer holds, by request kind.",
+            ["request"],
+            registry=registry,
+        )
+        self.encoder_lag = Histogram(
+            "splitrl_encoder_lag",
+            "Encoder versions between the edge's encoder and a stored activation the learner sends a gradient for.",
+            buckets=(0, 1, 2, 3, 5, 10, 20, 50, 100, 200),
+            registry=registry,
+        )
+        self.stale_activations_dropped = Counter(
+            "splitrl_stale_activations_dropped",
+            "Stored activations whose gradient the learner did not send: more than max_encoder_lag versions old.",
             registry=registry,
         )
         self.streams_open = Gauge(

@@ -152,3 +152,12 @@ async def set_serving(health_servicer: health.aio.HealthServicer, service_names:
 def insecure_channel(target: str) -> grpc.aio.Channel:
     """A client channel with splitrl's message-size limits and keepalives."""
     return grpc.aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+
+
+async def raise_if_failed(call: grpc.aio.Call) -> None:
+    """Raise the ended `call`'s status as AioRpcError unless it is OK (a streaming call cannot be awaited for it)."""
+    code = await call.code()
+    if code != grpc.StatusCode.OK:
+        raise grpc.aio.AioRpcError(
+            code, await call.initial_metadata(), await call.trailing_metadata(), await call.details()
+        )

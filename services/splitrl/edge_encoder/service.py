@@ -3,15 +3,21 @@
 For every vector step it updates the env's frame stacks and forwards what the
 mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
 the newest uint8 frame / the bf16 stack (cloud). Actions come back the same way.
+
+In split modes it also keeps each step's frame stack by step id and dials the
+learner (`learner_link`), which trains the encoder through it. All encoder work
+(rollout forwards and training steps) runs on one compute thread, in order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import torch
@@ -21,7 +27,10 @@ from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
+from splitrl.core.service import BackgroundLoop
+from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.edge_encoder.training import STEP_ID_BITS, EncoderTrainer, ObservationStore, new_step_id_prefix
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -40,8 +49,26 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
         torch.manual_seed(settings.seed)
         self.encoder = Encoder(settings.frame_stack, settings.frame_size, settings.width).eval()
-        self.encoder_version = 0
-        self._step_ids = itertools.count()
+        self.step_id_prefix = new_step_id_prefix()
+        self._step_ids = itertools.count(self.step_id_prefix << STEP_ID_BITS)
+        self.store = ObservationStore(settings.observation_store_size)
+        self.trainer = EncoderTrainer(
+            self.encoder,
+            self.store,
+            metrics,
+            learning_rate=settings.encoder_learning_rate,
+            max_grad_norm=settings.encoder_max_grad_norm,
+        )
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
+        self.learner_link = LearnerLink(
+            settings.learner_address,
+            self.trainer,
+            step_id_prefix=self.step_id_prefix,
+            edge_id=settings.edge_id,
+            metrics=metrics,
+            compute=self._compute,
+        )
+        self._link_loop = BackgroundLoop("learner link")
         self._channel: grpc.aio.Channel | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -50,15 +77,19 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     def finished(self) -> None:
         return None
 
-    def failure(self) -> None:
-        return None
+    def failure(self) -> BaseException | None:
+        return self._link_loop.failure
 
     async def start(self) -> None:
         self._channel = rpc.insecure_channel(self.settings.inference_address)
+        if self.settings.mode != "cloud":
+            self._link_loop.start(self.learner_link.run)
 
     async def stop(self) -> None:
+        await self._link_loop.cancel()
         if self._channel is not None:
             await self._channel.close(grace=None)
+        self._compute.shutdown(wait=True)
 
     async def Rollout(
         self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext
@@ -70,13 +101,16 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
-                request = self._act_request(stream, step)
+                request = await self._act_request(stream, step)
                 sent_at = time.perf_counter()
                 self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
+                if call.done():  # inference ended the stream (e.g. refused it): report why, not a failed write
+                    await rpc.raise_if_failed(call)
+                    raise ConnectionError("inference closed the stream")
                 await call.write(request)
                 response = await call.read()
                 if response is grpc.aio.EOF:
-                    await call  # raises the inference's status if it failed
+                    await rpc.raise_if_failed(call)
                     raise ConnectionError("inference closed the stream")
                 self.wan_meter.received(response, phase="rollout", payload="action")
                 self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
@@ -91,9 +125,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         finally:
             call.cancel()
 
-    def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> rollout_pb2.ActRequest:
+    async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> rollout_pb2.ActRequest:
         frames, episode_start = stream.accept(step)
-        n = frames.shape[0]
+        step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
+        encoder_version = 0
         if self.codec == "frame":
             observations = wire.encode(frames)
         else:
@@ -101,17 +136,26 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             if self.codec == "stack-bf16":
                 observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
             else:
-                with torch.no_grad():
-                    observations = wire.encode(self.encoder(stacks), wire.DType.DTYPE_BFLOAT16)
+                loop = asyncio.get_running_loop()
+                observations, encoder_version = await loop.run_in_executor(
+                    self._compute, self._encode, step_ids, stacks
+                )
         return rollout_pb2.ActRequest(
             sequence=step.sequence,
             observations=observations,
             rewards=step.rewards,
             terminated=step.terminated,
             truncated=step.truncated,
-            step_ids=[next(self._step_ids) for _ in range(n)],
-            encoder_version=self.encoder_version,
+            step_ids=step_ids,
+            encoder_version=encoder_version,
         )
+
+    def _encode(self, step_ids: list[int], stacks: torch.Tensor) -> tuple[wire.Tensor, int]:
+        """On the compute thread: remember the stacks for training, return (bf16 activations, encoder version)."""
+        self.store.put(step_ids, stacks)
+        self.metrics.observation_store_size.set(len(self.store))
+        with torch.no_grad():
+            return wire.encode(self.encoder(stacks), wire.DType.DTYPE_BFLOAT16), self.trainer.version
 
 
 class _EnvStream:

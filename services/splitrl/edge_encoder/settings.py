@@ -19,3 +19,13 @@ class EdgeEncoderSettings(ServerSettings, EnvSettings):
     edge_id: str = Field(
         default_factory=socket.gethostname, description="Name of this edge in logs (not a metric label)."
     )
+    learner_address: str = Field(
+        "127.0.0.1:50054", description="host:port of the learner, dialled for encoder training (split modes)."
+    )
+    observation_store_size: int = Field(
+        16384,
+        ge=1,
+        description="Steps whose frame stacks the edge keeps for training, by step id (36,864 B each at 4x96x96).",
+    )
+    encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
+    encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")

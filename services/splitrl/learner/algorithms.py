@@ -94,14 +94,23 @@ def ppo_loss(
     clip: float = 0.2,
     value_coef: float = 0.5,
     entropy_coef: float = 0.01,
+    sample_weights: torch.Tensor | None = None,
 ) -> PPOLoss:
-    """Clipped surrogate objective (Schulman et al. 2017) + value regression - entropy bonus, averaged."""
+    """Clipped surrogate objective (Schulman et al. 2017) + value regression - entropy bonus, averaged.
+
+    `sample_weights` (>= 0, e.g. prioritized replay's importance weights) turn each mean into a weighted
+    mean of the per-sample policy and value terms; None weighs every sample 1.
+    """
+
+    def mean(x: torch.Tensor) -> torch.Tensor:
+        return x.mean() if sample_weights is None else (x * sample_weights).sum() / sample_weights.sum()
+
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip, 1.0 + clip)
-    policy = torch.max(unclipped, clipped).mean()
-    value = 0.5 * (new_values - returns).pow(2).mean()
+    policy = mean(torch.max(unclipped, clipped))
+    value = 0.5 * mean((new_values - returns).pow(2))
     entropy_mean = entropy.mean()
     total = policy + value_coef * value - entropy_coef * entropy_mean
     with torch.no_grad():

@@ -5,9 +5,9 @@ weights in while its streams keep running (in-flight updates), so chunks in
 replay can be a few versions old. Their lag is measured, and chunks older
 than `max_policy_lag` versions are dropped and counted.
 
-Split modes train the actor-critic head on the bf16 activations stored in
-replay; the edge encoder is not trained yet (the learner-encoder link is the
-next step), so it keeps its initial weights.
+Split modes train the actor-critic head here and the CNN encoder on the edge:
+edge-encoders dial this service's `EncoderTraining` stream (`edges.py`), and
+the trainer exchanges activations and gradients with them (`trainer.py`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -27,18 +28,30 @@ from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.learner.edges import EdgeLinks
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer
-from splitrl.v1 import replay_pb2, replay_pb2_grpc, weights_pb2_grpc
+from splitrl.learner.trainer import Batch, Trainer, UpdateStats
+from splitrl.replay.selectors import importance_weights
+from splitrl.v1 import replay_pb2, replay_pb2_grpc, training_pb2_grpc, weights_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SampledChunk:
+    """What replay said about one sampled chunk: its key, the probability it was drawn with, the table size."""
+
+    key: int
+    probability: float
+    table_size: int
+
+
 SAMPLE_WAIT_S = 5.0
+EDGE_WAIT_LOG_S = 10.0
 
 
 class LearnerService:
     """Trains until stopped (or `max_updates`); checkpoints every `checkpoint_every` updates."""
-
-    service_names: Sequence[str] = ()
 
     def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
         self.settings = settings
@@ -48,15 +61,22 @@ class LearnerService:
         torch.manual_seed(settings.seed)
         model = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
         spec = action_spec_of(settings.env, settings.env_kwargs)
-        network = ActorCritic(model, spec) if settings.mode == "cloud" else ActorCriticHead(model.width, spec)
-        self.trainer = Trainer(network, settings)
+        if settings.mode == "cloud":
+            self.edges: EdgeLinks | None = None
+            self.trainer = Trainer(ActorCritic(model, spec), settings)
+        else:
+            self.edges = EdgeLinks(metrics, model.width, max_encoder_lag=settings.max_encoder_lag)
+            self.trainer = Trainer(ActorCriticHead(model.width, spec), settings, self.edges)
+        self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
         self.version = 0
+        self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
         self._restore()
 
     def register(self, server: grpc.aio.Server) -> None:
-        pass  # health only until the split modes' training stream lands here
+        if self.edges is not None:
+            training_pb2_grpc.add_EncoderTrainingServicer_to_server(self.edges, server)
 
     def finished(self) -> asyncio.Event:
         return self.loop.done
@@ -69,7 +89,13 @@ class LearnerService:
 
     async def stop(self) -> None:
         await self.loop.cancel()
-        self._executor.shutdown(wait=True)
+        if self.edges is not None:
+            self.edges.close()  # an update still running gets no more answers from edges, so it ends soon
+        # Off the event loop: the trainer thread may still need the loop to hear that edges are gone.
+        await asyncio.to_thread(self._executor.shutdown, wait=True)
+        interrupted = self._update  # a concurrent future: cancelling the loop did not stop the thread's work
+        if interrupted is not None and not interrupted.cancelled() and interrupted.exception() is None:
+            self.version += 1  # the interrupted update finished its work: the weights include it
         self._checkpoint()
 
     async def run(self) -> None:
@@ -81,19 +107,26 @@ class LearnerService:
             if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
                 await self._publish(publish)
             while not s.max_updates or self.version < s.max_updates:
-                chunks = await self._collect(replay_stub)
-                stats = await loop.run_in_executor(self._executor, self.trainer.update, Batch.stack(chunks))
+                chunks, sampled = await self._collect(replay_stub)
+                await self._wait_for_an_edge()
+                batch = Batch.stack(chunks, self._importance_weights(sampled))
+                self._update = self._executor.submit(self.trainer.update, batch)
+                stats = await asyncio.wrap_future(self._update)
+                self._update = None
                 self.version += 1
                 self._record(stats)
+                if s.priority_updates:
+                    await self._update_priorities(replay_stub, sampled, stats.chunk_priorities)
                 await self._publish(publish)
                 if self.version % s.checkpoint_every == 0:
                     await loop.run_in_executor(self._executor, self._checkpoint)
             await publish.done_writing()
 
-    async def _collect(self, stub: replay_pb2_grpc.ReplayStub) -> list[TrajectoryTensors]:
-        """Sample until `chunks_per_update` fresh-enough chunks are in hand."""
+    async def _collect(self, stub: replay_pb2_grpc.ReplayStub) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
+        """Sample until `chunks_per_update` fresh-enough chunks are in hand; also return what replay said of each."""
         s = self.settings
         chunks: list[TrajectoryTensors] = []
+        sampled: list[SampledChunk] = []
         while len(chunks) < s.chunks_per_update:
             request = replay_pb2.SampleRequest(table=s.replay_table, num_items=s.chunks_per_update - len(chunks))
             self.replay_meter.sent(request, phase="training", payload="request")
@@ -114,7 +147,35 @@ class LearnerService:
                     self.metrics.stale_chunks_dropped.inc()
                     continue
                 chunks.append(chunk)
-        return chunks
+                sampled.append(SampledChunk(item.key, item.probability, max(item.table_size, 1)))
+        return chunks, sampled
+
+    def _importance_weights(self, sampled: list[SampledChunk]) -> torch.Tensor:
+        if self.settings.importance_beta == 0:
+            return torch.ones(len(sampled))
+        return importance_weights(
+            [c.probability for c in sampled], [c.table_size for c in sampled], self.settings.importance_beta
+        )
+
+    async def _update_priorities(
+        self, stub: replay_pb2_grpc.ReplayStub, sampled: list[SampledChunk], priorities: list[float]
+    ) -> None:
+        """Prioritized replay: each chunk's new priority is its mean |advantage| under the updated policy's data."""
+        request = replay_pb2.UpdatePrioritiesRequest(
+            table=self.settings.replay_table,
+            updates=[replay_pb2.KeyPriority(key=c.key, priority=p) for c, p in zip(sampled, priorities, strict=True)],
+        )
+        self.replay_meter.sent(request, phase="training", payload="request")
+        response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
+        self.replay_meter.received(response, phase="training", payload="ack")
+
+    async def _wait_for_an_edge(self) -> None:
+        """Split modes: the encoder trains on the edges, so an update waits until one is connected."""
+        while self.edges is not None and self.edges.edge_count == 0:
+            try:
+                await asyncio.wait_for(self.edges.connected.wait(), EDGE_WAIT_LOG_S)
+            except TimeoutError:
+                log.info("waiting for an edge-encoder to dial in before training")
 
     async def _publish(self, call: grpc.aio.StreamStreamCall) -> None:
         message = weights.to_proto(self.version, self.trainer.network.state_dict())
@@ -122,11 +183,11 @@ class LearnerService:
         await call.write(message)
         ack = await call.read()
         if ack is grpc.aio.EOF:
-            await call  # raises inference's status
+            await rpc.raise_if_failed(call)
             raise ConnectionError("inference closed the weights stream")
         self.weights_meter.received(ack, phase="weights", payload="ack")
 
-    def _record(self, stats) -> None:
+    def _record(self, stats: UpdateStats) -> None:
         self.metrics.learner_updates.inc()
         self.metrics.policy_version.set(self.version)
         for term in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):

@@ -14,7 +14,11 @@ class LearnerSettings(ServerSettings, EnvSettings):
     replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
     replay_table: str = Field("rollouts", description="Replay table to sample from.")
     inference_address: str = Field("127.0.0.1:50052", description="host:port of inference, where weights go.")
-    mode: Mode = Field("split", description="Training mode; cloud trains encoder + head, split modes the head.")
+    mode: Mode = Field(
+        "split",
+        description="Training mode; cloud trains encoder + head here, split modes train the head here "
+        "and the encoder on the edges that dial in (port --port).",
+    )
     seed: int = Field(0, ge=0, description="Seed of the initial weights and of minibatch shuffling.")
     chunks_per_update: int = Field(32, ge=1, description="Trajectory chunks in one PPO update (x unroll_length steps).")
     epochs: int = Field(4, ge=1, description="Passes over each update's data (the research used 10).")
@@ -31,6 +35,26 @@ class LearnerSettings(ServerSettings, EnvSettings):
     )
     max_policy_lag: int = Field(
         10, ge=0, description="Drop chunks whose oldest action is more than this many versions behind."
+    )
+    encoder_fraction: float = Field(
+        0.25,
+        ge=0,
+        le=1,
+        description="split-accumulate: share of each minibatch's rows whose activation gradients go down to the edge.",
+    )
+    max_encoder_lag: int = Field(
+        64,
+        ge=0,
+        description="split-accumulate: skip gradients of stored activations this many encoder versions behind.",
+    )
+    importance_beta: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Prioritized replay: importance-weight exponent beta (0 weighs every chunk 1; use 0 for fifo).",
+    )
+    priority_updates: bool = Field(
+        False, description="After each update, send each chunk's mean |advantage| to replay as its new priority."
     )
     checkpoint_dir: Path | None = Field(None, description="Save model, optimizer and version here; resume from it.")
     checkpoint_every: int = Field(10, ge=1, description="Updates between checkpoints.")

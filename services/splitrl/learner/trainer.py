@@ -1,8 +1,17 @@
-"""One PPO update over a batch of trajectory chunks, CleanRL style: advantages, then epochs of minibatches."""
+"""One PPO update over a batch of trajectory chunks, CleanRL style: advantages, then epochs of minibatches.
+
+What a minibatch trains on depends on the mode (DESIGN.md §3):
+  cloud             frame stacks from replay through encoder + head; no WAN.
+  split             activations the edge recomputes for the minibatch (WAN up), gradients back (WAN down),
+                    in lockstep every minibatch of every epoch: the research's naive split.
+  split-accumulate  activations stored in replay, no WAN; a sampled `encoder_fraction` of each minibatch's
+                    activation gradients is pushed down to the edge without waiting (the pipeline).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -10,6 +19,18 @@ from torch import nn
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, ppo_loss, vtrace
 from splitrl.learner.settings import LearnerSettings
+
+
+class EdgeTraining(Protocol):
+    """The trainer's view of the `learner-encoder` link (implemented by `splitrl.learner.edges.EdgeLinks`)."""
+
+    def fetch_activations(self, step_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]: ...
+
+    def return_gradients(self, ticket: Any, gradients: torch.Tensor) -> None: ...
+
+    def push_gradients(
+        self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor
+    ) -> None: ...
 
 
 @dataclass
@@ -23,9 +44,12 @@ class Batch:
     rewards: torch.Tensor
     dones: torch.Tensor
     policy_versions: torch.Tensor
+    step_ids: torch.Tensor  # [B, T+1]
+    encoder_versions: torch.Tensor  # [B, T+1]
+    weights: torch.Tensor  # [B] importance weight of each chunk (1 unless replay is prioritized)
 
     @classmethod
-    def stack(cls, chunks: list[TrajectoryTensors]) -> Batch:
+    def stack(cls, chunks: list[TrajectoryTensors], weights: torch.Tensor | None = None) -> Batch:
         def field(name: str) -> torch.Tensor:
             return torch.stack([getattr(chunk, name) for chunk in chunks])
 
@@ -37,6 +61,9 @@ class Batch:
             rewards=field("rewards"),
             dones=field("terminated") | field("truncated"),
             policy_versions=field("policy_versions"),
+            step_ids=field("step_ids"),
+            encoder_versions=field("encoder_versions"),
+            weights=torch.ones(len(chunks)) if weights is None else weights,
         )
 
 
@@ -48,14 +75,18 @@ class UpdateStats:
     approx_kl: float
     clip_fraction: float
     steps: int
+    chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
 
 
 class Trainer:
     """Owns the trainable network (ActorCritic in cloud mode, the head in split modes) and its optimizer."""
 
-    def __init__(self, network: nn.Module, settings: LearnerSettings) -> None:
+    def __init__(self, network: nn.Module, settings: LearnerSettings, edges: EdgeTraining | None = None) -> None:
+        if settings.mode != "cloud" and edges is None:
+            raise ValueError(f"mode {settings.mode!r} trains the encoder through the edge: pass `edges`")
         self.network = network
         self.settings = settings
+        self.edges = edges
         self.optimizer = torch.optim.Adam(network.parameters(), lr=settings.learning_rate, eps=1e-5)
         self._generator = torch.Generator().manual_seed(settings.seed)
 
@@ -71,6 +102,9 @@ class Trainer:
             "old_log_probs": old_log_probs.reshape(-1),
             "advantages": advantages.reshape(-1),
             "returns": returns.reshape(-1),
+            "step_ids": batch.step_ids[:, :-1].reshape(-1),
+            "encoder_versions": batch.encoder_versions[:, :-1].reshape(-1),
+            "weights": batch.weights.repeat_interleave(horizon),
         }
         size = chunks * horizon
         minibatch = max(1, size // s.minibatches)
@@ -79,30 +113,56 @@ class Trainer:
         for _ in range(s.epochs):
             order = torch.randperm(size, generator=self._generator)
             for start in range(0, size, minibatch):
-                index = order[start : start + minibatch]
-                mb_advantages = flat["advantages"][index]
-                mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(unbiased=False) + 1e-8)
-                distribution, new_values = self.network(flat["observations"][index])
-                new_log_probs = distribution.log_prob(flat["actions"][index])
-                loss = ppo_loss(
-                    new_log_probs,
-                    flat["old_log_probs"][index],
-                    mb_advantages,
-                    new_values,
-                    flat["returns"][index],
-                    distribution.entropy(),
-                    clip=s.clip,
-                    value_coef=s.value_coef,
-                    entropy_coef=s.entropy_coef,
-                )
-                self.optimizer.zero_grad()
-                loss.total.backward()
-                nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
-                self.optimizer.step()
-                totals += torch.stack([loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clip_fraction])
-                count += 1
-        policy, value, entropy, approx_kl, clip_fraction = (totals / count).tolist()
-        return UpdateStats(policy, value, entropy, approx_kl, clip_fraction, steps=size)
+                terms = self._minibatch(flat, order[start : start + minibatch])
+                if terms is not None:
+                    totals += terms
+                    count += 1
+        policy, value, entropy, approx_kl, clip_fraction = (totals / max(count, 1)).tolist()
+        priorities = advantages.abs().mean(dim=1).tolist()
+        return UpdateStats(policy, value, entropy, approx_kl, clip_fraction, steps=size, chunk_priorities=priorities)
+
+    def _minibatch(self, flat: dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor | None:
+        """One optimizer step on rows `index`; returns its loss terms, or None if no row could be trained."""
+        s = self.settings
+        inputs = flat["observations"][index]
+        ticket = None
+        if s.mode == "split":
+            assert self.edges is not None
+            inputs, present, ticket = self.edges.fetch_activations(flat["step_ids"][index])
+            index, inputs = index[present], inputs[present]
+            if len(index) == 0:
+                return None
+        if s.mode != "cloud":
+            inputs = inputs.float().requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
+        mb_advantages = flat["advantages"][index]
+        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(unbiased=False) + 1e-8)
+        distribution, new_values = self.network(inputs)
+        loss = ppo_loss(
+            distribution.log_prob(flat["actions"][index]),
+            flat["old_log_probs"][index],
+            mb_advantages,
+            new_values,
+            flat["returns"][index],
+            distribution.entropy(),
+            clip=s.clip,
+            value_coef=s.value_coef,
+            entropy_coef=s.entropy_coef,
+            sample_weights=None if s.importance_beta == 0 else flat["weights"][index],
+        )
+        self.optimizer.zero_grad()
+        loss.total.backward()
+        nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
+        self.optimizer.step()
+        if s.mode == "split":
+            assert self.edges is not None and inputs.grad is not None
+            self.edges.return_gradients(ticket, inputs.grad)
+        elif s.mode == "split-accumulate":
+            assert self.edges is not None and inputs.grad is not None
+            chosen = torch.rand(len(index), generator=self._generator) < s.encoder_fraction
+            if bool(chosen.any()):
+                rows = index[chosen]
+                self.edges.push_gradients(flat["step_ids"][rows], flat["encoder_versions"][rows], inputs.grad[chosen])
+        return torch.stack([loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clip_fraction]).detach()
 
     @torch.no_grad()
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -60,16 +60,20 @@ class SampleRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., num_items: _Optional[int] = ...) -> None: ...
 
 class SampledItem(_message.Message):
-    __slots__ = ("key", "trajectory", "probability", "times_sampled")
+    __slots__ = ("key", "trajectory", "probability", "times_sampled", "table_size", "priority")
     KEY_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
     PROBABILITY_FIELD_NUMBER: _ClassVar[int]
     TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    TABLE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     key: int
     trajectory: Trajectory
     probability: float
     times_sampled: int
-    def __init__(self, key: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., probability: _Optional[float] = ..., times_sampled: _Optional[int] = ...) -> None: ...
+    table_size: int
+    priority: float
+    def __init__(self, key: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., probability: _Optional[float] = ..., times_sampled: _Optional[int] = ..., table_size: _Optional[int] = ..., priority: _Optional[float] = ...) -> None: ...
 
 class SampleResponse(_message.Message):
     __slots__ = ("items",)
@@ -82,21 +86,75 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class TableInfo(_message.Message):
-    __slots__ = ("name", "size", "max_size", "inserts", "samples")
+    __slots__ = ("name", "size", "max_size", "inserts", "samples", "selector", "max_times_sampled", "priority_exponent", "rate_limiter", "evictions")
     NAME_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_SIZE_FIELD_NUMBER: _ClassVar[int]
     INSERTS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SELECTOR_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMES_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_EXPONENT_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITER_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     size: int
     max_size: int
     inserts: int
     samples: int
-    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., max_size: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ...) -> None: ...
+    selector: str
+    max_times_sampled: int
+    priority_exponent: float
+    rate_limiter: RateLimiterInfo
+    evictions: int
+    def __init__(self, name: _Optional[str] = ..., size: _Optional[int] = ..., max_size: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., selector: _Optional[str] = ..., max_times_sampled: _Optional[int] = ..., priority_exponent: _Optional[float] = ..., rate_limiter: _Optional[_Union[RateLimiterInfo, _Mapping]] = ..., evictions: _Optional[int] = ...) -> None: ...
+
+class RateLimiterInfo(_message.Message):
+    __slots__ = ("min_size_to_sample", "samples_per_insert", "min_diff", "max_diff", "diff", "blocked_inserts", "blocked_samples", "deletes")
+    MIN_SIZE_TO_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_INSERT_FIELD_NUMBER: _ClassVar[int]
+    MIN_DIFF_FIELD_NUMBER: _ClassVar[int]
+    MAX_DIFF_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_INSERTS_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DELETES_FIELD_NUMBER: _ClassVar[int]
+    min_size_to_sample: int
+    samples_per_insert: float
+    min_diff: float
+    max_diff: float
+    diff: float
+    blocked_inserts: int
+    blocked_samples: int
+    deletes: int
+    def __init__(self, min_size_to_sample: _Optional[int] = ..., samples_per_insert: _Optional[float] = ..., min_diff: _Optional[float] = ..., max_diff: _Optional[float] = ..., diff: _Optional[float] = ..., blocked_inserts: _Optional[int] = ..., blocked_samples: _Optional[int] = ..., deletes: _Optional[int] = ...) -> None: ...
 
 class InfoResponse(_message.Message):
     __slots__ = ("tables",)
     TABLES_FIELD_NUMBER: _ClassVar[int]
     tables: _containers.RepeatedCompositeFieldContainer[TableInfo]
     def __init__(self, tables: _Optional[_Iterable[_Union[TableInfo, _Mapping]]] = ...) -> None: ...
+
+class KeyPriority(_message.Message):
+    __slots__ = ("key", "priority")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    priority: float
+    def __init__(self, key: _Optional[int] = ..., priority: _Optional[float] = ...) -> None: ...
+
+class UpdatePrioritiesRequest(_message.Message):
+    __slots__ = ("table", "updates")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    updates: _containers.RepeatedCompositeFieldContainer[KeyPriority]
+    def __init__(self, table: _Optional[str] = ..., updates: _Optional[_Iterable[_Union[KeyPriority, _Mapping]]] = ...) -> None: ...
+
+class UpdatePrioritiesResponse(_message.Message):
+    __slots__ = ("updated", "unknown_keys")
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_KEYS_FIELD_NUMBER: _ClassVar[int]
+    updated: int
+    unknown_keys: int
+    def __init__(self, updated: _Optional[int] = ..., unknown_keys: _Optional[int] = ...) -> None: ...

@@ -49,6 +49,11 @@ class ReplayStub:
                 request_serializer=splitrl_dot_v1_dot_replay__pb2.InfoRequest.SerializeToString,
                 response_deserializer=splitrl_dot_v1_dot_replay__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.UpdatePriorities = channel.unary_unary(
+                '/splitrl.v1.Replay/UpdatePriorities',
+                request_serializer=splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
+                response_deserializer=splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
+                _registered_method=True)
 
 
 class ReplayServicer:
@@ -70,7 +75,17 @@ class ReplayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Info(self, request, context):
-        """Sizes and counters of every table.
+        """Sizes, counters and rate-limiter state of every table.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UpdatePriorities(self, request, context):
+        """Sets the priorities of stored items (e.g. the learner's new TD errors).
+        All-or-nothing: a NaN, Inf or negative priority refuses the whole request
+        with INVALID_ARGUMENT. Keys no longer stored are counted, not refused.
+        Fifo and uniform tables store the priorities but do not select by them.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -93,6 +108,11 @@ def add_ReplayServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=splitrl_dot_v1_dot_replay__pb2.InfoRequest.FromString,
                     response_serializer=splitrl_dot_v1_dot_replay__pb2.InfoResponse.SerializeToString,
+            ),
+            'UpdatePriorities': grpc.unary_unary_rpc_method_handler(
+                    servicer.UpdatePriorities,
+                    request_deserializer=splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.FromString,
+                    response_serializer=splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +196,33 @@ class Replay:
             '/splitrl.v1.Replay/Info',
             splitrl_dot_v1_dot_replay__pb2.InfoRequest.SerializeToString,
             splitrl_dot_v1_dot_replay__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UpdatePriorities(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/splitrl.v1.Replay/UpdatePriorities',
+            splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesRequest.SerializeToString,
+            splitrl_dot_v1_dot_replay__pb2.UpdatePrioritiesResponse.FromString,
             options,
             channel_credentials,
             insecure,

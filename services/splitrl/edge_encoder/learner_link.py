@@ -1,0 +1,125 @@
+"""The edge's end of the `learner-encoder` link: dial the learner, say hello, answer its training requests.
+
+The edge dials out (it sits behind NAT) and keeps redialling while the service
+runs, so a learner that starts late or restarts is picked up. A malformed
+request is logged, counted in `splitrl_rejected_requests_total` and answered as
+"nothing applied"; it never stops the edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from concurrent.futures import Executor
+from typing import TypeVar
+
+import grpc
+
+from splitrl.core import rpc, wire
+from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.rpc import BadRequest
+from splitrl.edge_encoder.training import EncoderTrainer
+from splitrl.v1 import training_pb2, training_pb2_grpc
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+REDIAL_DELAY_S = (0.5, 5.0)  # first and longest wait between dials
+METHOD = "/splitrl.v1.EncoderTraining/Train"
+
+
+class LearnerLink:
+    """One Train stream at a time; every torch call runs on `compute`, the edge's single compute thread."""
+
+    def __init__(
+        self,
+        address: str,
+        trainer: EncoderTrainer,
+        *,
+        step_id_prefix: int,
+        edge_id: str,
+        metrics: Metrics,
+        compute: Executor,
+    ) -> None:
+        self.address = address
+        self.trainer = trainer
+        self.step_id_prefix = step_id_prefix
+        self.edge_id = edge_id
+        self.metrics = metrics
+        self.meter = LinkMeter(metrics, "learner-encoder")
+        self.compute = compute
+        self.connected = asyncio.Event()
+
+    async def run(self) -> None:
+        """Serve the learner until cancelled, redialling with backoff when the stream ends."""
+        delay = REDIAL_DELAY_S[0]
+        while True:
+            try:
+                async with rpc.insecure_channel(self.address) as channel:
+                    await channel.channel_ready()  # no hello is counted as sent to a learner that is not there
+                    await self._serve(training_pb2_grpc.EncoderTrainingStub(channel).Train())
+                delay = REDIAL_DELAY_S[0]
+            except grpc.aio.AioRpcError as error:
+                if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
+                    log.error("learner refused this edge: %s", error.details())
+                else:
+                    log.info("learner stream ended (%s); redialling in %.1fs", error.code().name, delay)
+            finally:
+                self.connected.clear()
+                await self._on_compute(self.trainer.forget_pending)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REDIAL_DELAY_S[1])
+
+    async def _serve(self, call: grpc.aio.StreamStreamCall) -> None:
+        hello = training_pb2.EdgeMessage(
+            hello=training_pb2.EdgeHello(
+                step_id_prefix=self.step_id_prefix,
+                encoder_version=self.trainer.version,
+                edge_id=self.edge_id,
+                width=self.trainer.encoder.width,
+            )
+        )
+        self.meter.sent(hello, phase="training", payload="request")
+        await call.write(hello)
+        self.connected.set()
+        log.info("training stream to learner %s open", self.address)
+        async for message in call:
+            reply = await self._answer(message)
+            await call.write(reply)
+
+    async def _answer(self, message: training_pb2.LearnerMessage) -> training_pb2.EdgeMessage:
+        kind = message.WhichOneof("kind")
+        if kind == "activation_request":
+            self.meter.received(message, phase="training", payload="request")
+            request = message.activation_request
+            try:
+                activations = await self._on_compute(lambda: self.trainer.activations(request))
+            except (BadRequest, wire.WireError) as error:
+                self._reject(error)
+                activations = training_pb2.Activations(request_id=request.request_id, missing_step_ids=request.step_ids)
+            reply = training_pb2.EdgeMessage(activations=activations)
+            self.meter.sent(reply, phase="training", payload="activation")
+            return reply
+        if kind == "gradients":
+            self.meter.received(message, phase="training", payload="gradient")
+            gradients = message.gradients
+            try:
+                applied = await self._on_compute(lambda: self.trainer.apply(gradients))
+            except (BadRequest, wire.WireError) as error:
+                self._reject(error)
+                applied = training_pb2.GradientsApplied(
+                    request_id=gradients.request_id,
+                    encoder_version=self.trainer.version,
+                    unknown_step_ids=len(gradients.step_ids),
+                )
+            reply = training_pb2.EdgeMessage(applied=applied)
+            self.meter.sent(reply, phase="training", payload="ack")
+            return reply
+        raise ConnectionError(f"learner sent a message with no known kind ({kind!r}); redialling")
+
+    def _reject(self, error: Exception) -> None:
+        log.warning("refused a learner request: %s", error)
+        self.metrics.rejected_requests.labels(method=METHOD, code="INVALID_ARGUMENT").inc()
+
+    async def _on_compute(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.compute, fn)

@@ -1,0 +1,151 @@
+"""The edge's half of split-mode training: a store of frame stacks by step id, and an encoder optimizer.
+
+Step ids carry the edge's prefix in their top bits (`step_id >> STEP_ID_BITS`),
+so a learner serving several edges can route every id back to the edge that
+issued it. The store is bounded: an id evicted before the learner asks for it
+is counted (`splitrl_unknown_step_ids_total`) and skipped, never an error.
+
+Everything here is synchronous torch work; the service runs it on its single
+compute thread, so rollout forwards and training steps never interleave.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from splitrl.core import wire
+from splitrl.core.metrics import Metrics
+from splitrl.core.models import Encoder
+from splitrl.core.rpc import BadRequest
+from splitrl.v1 import training_pb2
+
+#: Low bits of a step id that count steps; the bits above hold the edge's prefix.
+STEP_ID_BITS = 40
+#: Prefixes are drawn from [1, MAX_PREFIX): ids stay below 2**62, inside int64 in trajectories.
+MAX_PREFIX = 1 << 22
+#: Split mode: graphs kept for activations whose gradients have not come back yet.
+MAX_PENDING_GRAPHS = 4
+
+
+def new_step_id_prefix() -> int:
+    """A random prefix for this process's step ids; a restarted edge gets a new one, so old ids stay unknown."""
+    return 1 + secrets.randbelow(MAX_PREFIX - 1)
+
+
+def prefix_of(step_id: int) -> int:
+    return step_id >> STEP_ID_BITS
+
+
+class ObservationStore:
+    """The frame stacks of the newest `capacity` steps, by step id.
+
+    Invariants: len(store) <= capacity; inserting beyond capacity evicts the oldest id.
+    Stacks are uint8 [frame_stack, S, S]; 36,864 bytes each at 4 x 96 x 96.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"ObservationStore capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._stacks: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._stacks)
+
+    def put(self, step_ids: Sequence[int], stacks: torch.Tensor) -> None:
+        """Remember stacks [N, frame_stack, S, S] under their N step ids."""
+        for step_id, stack in zip(step_ids, stacks, strict=True):
+            self._stacks[step_id] = stack
+        while len(self._stacks) > self.capacity:
+            self._stacks.popitem(last=False)
+
+    def get(self, step_ids: Sequence[int]) -> tuple[list[int], torch.Tensor | None]:
+        """(positions in `step_ids` the store holds, their stacks stacked) — None when it holds none."""
+        found = [i for i, step_id in enumerate(step_ids) if step_id in self._stacks]
+        if not found:
+            return found, None
+        return found, torch.stack([self._stacks[step_ids[i]] for i in found])
+
+
+class EncoderTrainer:
+    """Applies the learner's activation gradients to the edge's encoder; `version` counts optimizer steps."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        store: ObservationStore,
+        metrics: Metrics,
+        *,
+        learning_rate: float,
+        max_grad_norm: float,
+    ) -> None:
+        self.encoder = encoder
+        self.store = store
+        self.metrics = metrics
+        self.max_grad_norm = max_grad_norm
+        self.optimizer = torch.optim.Adam(encoder.parameters(), lr=learning_rate, eps=1e-5)
+        self.version = 0
+        self._graphs: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
+        """Split: recompute activations for the requested steps, keeping the graph for their gradients."""
+        step_ids = list(request.step_ids)
+        found, stacks = self.store.get(step_ids)
+        held = set(found)
+        missing = [step_id for i, step_id in enumerate(step_ids) if i not in held]
+        if missing:
+            self.metrics.unknown_step_ids.labels(request="activation").inc(len(missing))
+        if stacks is None:
+            rows = torch.zeros((0, self.encoder.width))
+        else:
+            rows = self.encoder(stacks)
+            self._graphs[request.request_id] = rows
+            while len(self._graphs) > MAX_PENDING_GRAPHS:
+                self._graphs.popitem(last=False)
+        return training_pb2.Activations(
+            request_id=request.request_id,
+            activations=wire.encode(rows.detach(), wire.DType.DTYPE_BFLOAT16),
+            missing_step_ids=missing,
+            encoder_version=self.version,
+        )
+
+    def apply(self, message: training_pb2.EncoderGradients) -> training_pb2.GradientsApplied:
+        """Backpropagate the gradients through the encoder and take one optimizer step."""
+        gradients = wire.decode(message.gradients, expect_dtype=wire.DType.DTYPE_BFLOAT16)
+        if gradients.dim() != 2 or gradients.shape[1] != self.encoder.width:
+            raise BadRequest(f"EncoderGradients.gradients has shape {list(gradients.shape)}; expected [n, width]")
+        if message.step_ids:  # split-accumulate: recompute the forward pass from the stored stacks
+            step_ids = list(message.step_ids)
+            if len(step_ids) != gradients.shape[0]:
+                raise BadRequest(f"EncoderGradients has {len(step_ids)} step ids for {gradients.shape[0]} rows")
+            found, stacks = self.store.get(step_ids)
+            unknown = len(step_ids) - len(found)
+            rows = None if stacks is None else self.encoder(stacks)
+            gradients = gradients[found]
+        else:  # split: the graph kept when the activations were sent
+            rows = self._graphs.pop(message.request_id, None)
+            unknown = 0 if rows is not None else gradients.shape[0]
+            if rows is not None and rows.shape != gradients.shape:
+                raise BadRequest(f"EncoderGradients rows {list(gradients.shape)} do not match {list(rows.shape)}")
+        if unknown:
+            self.metrics.unknown_step_ids.labels(request="gradient").inc(unknown)
+        if rows is not None and rows.shape[0] > 0:
+            self.optimizer.zero_grad()
+            rows.backward(gradients.float())
+            nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
+            self.optimizer.step()
+            self.version += 1
+            self.metrics.encoder_updates.inc()
+            self.metrics.encoder_version.set(self.version)
+        return training_pb2.GradientsApplied(
+            request_id=message.request_id, encoder_version=self.version, unknown_step_ids=unknown
+        )
+
+    def forget_pending(self) -> None:
+        """Drop kept graphs (the learner's stream ended; their gradients will never come)."""
+        self._graphs.clear()

@@ -1,0 +1,240 @@
+"""The learner's end of the `learner-encoder` link: every connected edge's Train stream.
+
+Edges dial in and say hello with the prefix their step ids carry; the trainer
+(which runs on its own thread) then asks for activations and hands back
+gradients through the blocking methods of `EdgeLinks`, which route each step id
+to the edge whose prefix it carries. Steps of an edge that is not connected,
+or that the edge no longer holds, come back as missing rows: the trainer skips
+them, nothing fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import grpc
+import torch
+
+from splitrl.core import wire
+from splitrl.core.metrics import LinkMeter, Metrics, Payload
+from splitrl.core.rpc import BadRequest, Refused
+from splitrl.v1 import training_pb2, training_pb2_grpc
+
+log = logging.getLogger(__name__)
+STEP_ID_BITS = 40  # must match splitrl.edge_encoder.training.STEP_ID_BITS
+MAX_PREFIX = 1 << 22
+#: Split-accumulate gradients waiting to be written to one edge before the trainer blocks (backpressure).
+MAX_QUEUED_MESSAGES = 64
+REPLY_TIMEOUT_S = 60.0
+
+
+@dataclass
+class _Edge:
+    prefix: int
+    edge_id: str
+    encoder_version: int
+    outgoing: asyncio.Queue[training_pb2.LearnerMessage]
+    pending: dict[int, asyncio.Future[training_pb2.EdgeMessage]] = field(default_factory=dict)
+
+
+@dataclass
+class Ticket:
+    """Which rows of a minibatch each edge answered, so their gradients can go back to the same graphs."""
+
+    parts: list[tuple[int, int, torch.Tensor]]  # (prefix, request_id, row positions in the minibatch)
+
+
+class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
+    """Connected edges by step-id prefix. gRPC side runs on the event loop; trainer side blocks its own thread."""
+
+    service_name = training_pb2.DESCRIPTOR.services_by_name["EncoderTraining"].full_name
+
+    def __init__(self, metrics: Metrics, width: int, *, max_encoder_lag: int) -> None:
+        self.metrics = metrics
+        self.meter = LinkMeter(metrics, "learner-encoder")
+        self.width = width
+        self.max_encoder_lag = max_encoder_lag
+        self._edges: dict[int, _Edge] = {}
+        self._request_ids = itertools.count(1)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self.connected = asyncio.Event()
+
+    def close(self) -> None:
+        """From now on every trainer-side call returns at once as if no edge were connected."""
+        self._closed = True
+
+    # -- gRPC side (event loop) -------------------------------------------------------------------
+
+    async def Train(
+        self, request_iterator: AsyncIterator[training_pb2.EdgeMessage], context: grpc.aio.ServicerContext
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        edge = await self._accept_hello(request_iterator)
+        self._edges[edge.prefix] = edge
+        self.connected.set()
+        log.info("edge %s connected (prefix %d, encoder version %d)", edge.edge_id, edge.prefix, edge.encoder_version)
+        reader = asyncio.create_task(self._read(edge, request_iterator))
+        try:
+            while not reader.done():
+                getter = asyncio.create_task(edge.outgoing.get())
+                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    break
+                message = getter.result()
+                payload: Payload = "request" if message.WhichOneof("kind") == "activation_request" else "gradient"
+                self.meter.sent(message, phase="training", payload=payload)
+                await context.write(message)
+            await reader  # re-raises a bad message from the edge as this call's status
+        finally:
+            reader.cancel()
+            del self._edges[edge.prefix]
+            if not self._edges:
+                self.connected.clear()
+            for future in edge.pending.values():
+                if not future.done():
+                    future.set_exception(ConnectionError(f"edge {edge.edge_id} disconnected"))
+            log.info("edge %s disconnected", edge.edge_id)
+
+    async def _accept_hello(self, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> _Edge:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            raise BadRequest("the first EdgeMessage of a Train stream must be a hello")
+        self.meter.received(first, phase="training", payload="request")
+        hello = first.hello
+        if not 1 <= hello.step_id_prefix < MAX_PREFIX:
+            raise BadRequest(f"EdgeHello.step_id_prefix must be in [1, {MAX_PREFIX}), got {hello.step_id_prefix}")
+        if hello.width != self.width:
+            raise BadRequest(f"EdgeHello.width is {hello.width}; this learner trains width {self.width}")
+        if hello.step_id_prefix in self._edges:
+            raise Refused(f"an edge with step-id prefix {hello.step_id_prefix} is already connected")
+        return _Edge(hello.step_id_prefix, hello.edge_id, hello.encoder_version, asyncio.Queue(MAX_QUEUED_MESSAGES))
+
+    async def _read(self, edge: _Edge, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> None:
+        async for message in request_iterator:
+            kind = message.WhichOneof("kind")
+            if kind == "activations":
+                self.meter.received(message, phase="training", payload="activation")
+                request_id = message.activations.request_id
+            elif kind == "applied":
+                self.meter.received(message, phase="training", payload="ack")
+                request_id = message.applied.request_id
+                edge.encoder_version = max(edge.encoder_version, message.applied.encoder_version)
+            else:
+                raise BadRequest(f"unexpected EdgeMessage kind {kind!r} after the hello")
+            future = edge.pending.pop(request_id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+
+    async def _send(
+        self, prefix: int, message: training_pb2.LearnerMessage, request_id: int, wait: bool
+    ) -> training_pb2.EdgeMessage | None:
+        edge = self._edges.get(prefix)
+        if edge is None:
+            raise ConnectionError(f"no edge with step-id prefix {prefix} is connected")
+        future: asyncio.Future[training_pb2.EdgeMessage] | None = None
+        if wait:
+            future = asyncio.get_running_loop().create_future()
+            edge.pending[request_id] = future
+        await edge.outgoing.put(message)
+        return None if future is None else await future
+
+    # -- trainer side (its own thread; blocks until the edge answers) ----------------------------------
+
+    def fetch_activations(self, step_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Ticket]:
+        """Split: fresh activations float32 [n, width] for int64 [n] step ids, and which rows came back (bool [n])."""
+        activations = torch.zeros((len(step_ids), self.width))
+        present = torch.zeros(len(step_ids), dtype=torch.bool)
+        ticket = Ticket([])
+        for prefix, positions in self._by_prefix(step_ids).items():
+            request_id = next(self._request_ids)
+            ids = step_ids[positions].tolist()
+            message = training_pb2.LearnerMessage(
+                activation_request=training_pb2.ActivationRequest(request_id=request_id, step_ids=ids)
+            )
+            reply = self._call(prefix, message, request_id, wait=True)
+            if reply is None:
+                self.metrics.unknown_step_ids.labels(request="no-edge").inc(len(ids))
+                continue
+            missing = set(reply.activations.missing_step_ids)
+            answered = positions[torch.tensor([i not in missing for i in ids], dtype=torch.bool)]
+            try:
+                rows = wire.decode(
+                    reply.activations.activations,
+                    expect_dtype=wire.DType.DTYPE_BFLOAT16,
+                    expect_shape=[len(answered), self.width],
+                )
+            except wire.WireError as error:
+                log.warning("edge prefix %d sent unusable activations (%s); rows skipped", prefix, error)
+                continue
+            activations[answered] = rows.float()
+            present[answered] = True
+            ticket.parts.append((prefix, request_id, answered))
+        return activations, present, ticket
+
+    def return_gradients(self, ticket: Ticket, gradients: torch.Tensor) -> None:
+        """Split: send d(loss)/d(activations) [n, width] for the ticket's rows down; wait until applied."""
+        for prefix, request_id, positions in ticket.parts:
+            message = training_pb2.LearnerMessage(
+                gradients=training_pb2.EncoderGradients(
+                    request_id=request_id, gradients=wire.encode(gradients[positions], wire.DType.DTYPE_BFLOAT16)
+                )
+            )
+            self._call(prefix, message, request_id, wait=True)
+
+    def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
+        """Split-accumulate: send gradients of stored activations down without waiting for the edge.
+
+        Rows more than `max_encoder_lag` encoder versions behind their edge are dropped (and counted):
+        their gradient was taken at an activation the edge's encoder no longer produces.
+        """
+        for prefix, positions in self._by_prefix(step_ids).items():
+            edge = self._edges.get(prefix)
+            if edge is None:
+                self.metrics.unknown_step_ids.labels(request="no-edge").inc(len(positions))
+                continue
+            lags = edge.encoder_version - encoder_versions[positions]
+            for lag in lags.tolist():
+                self.metrics.encoder_lag.observe(max(lag, 0))
+            fresh = positions[lags <= self.max_encoder_lag]
+            if len(fresh) < len(positions):
+                self.metrics.stale_activations_dropped.inc(len(positions) - len(fresh))
+            if len(fresh) == 0:
+                continue
+            request_id = next(self._request_ids)
+            message = training_pb2.LearnerMessage(
+                gradients=training_pb2.EncoderGradients(
+                    request_id=request_id,
+                    step_ids=step_ids[fresh].tolist(),
+                    gradients=wire.encode(gradients[fresh], wire.DType.DTYPE_BFLOAT16),
+                )
+            )
+            self._call(prefix, message, request_id, wait=False)
+
+    def _by_prefix(self, step_ids: torch.Tensor) -> dict[int, torch.Tensor]:
+        prefixes = step_ids >> STEP_ID_BITS
+        return {int(p): (prefixes == p).nonzero().squeeze(1) for p in prefixes.unique().tolist()}
+
+    def _call(
+        self, prefix: int, message: training_pb2.LearnerMessage, request_id: int, *, wait: bool
+    ) -> training_pb2.EdgeMessage | None:
+        """Run `_send` on the event loop from the trainer's thread; None when the edge is gone."""
+        if self._loop is None or self._closed:
+            return None  # no edge has ever connected, or the learner is stopping
+        future = asyncio.run_coroutine_threadsafe(self._send(prefix, message, request_id, wait), self._loop)
+        try:
+            return future.result(REPLY_TIMEOUT_S)
+        except (ConnectionError, FutureTimeout) as error:
+            future.cancel()
+            log.warning("training request %d to edge prefix %d failed: %s", request_id, prefix, error)
+            return None
+
+    @property
+    def edge_count(self) -> int:
+        return len(self._edges)

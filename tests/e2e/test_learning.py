@@ -1,0 +1,54 @@
+"""Each training mode learns the fast pixel env, run exactly as a user runs it: `splitrl up`.
+
+Catch's random policy scores about -0.67 (the paddle covers 2 of 12 columns).
+Measured on a 2-core machine with these settings (seed 0, 4 envs, 36 x 36
+frames, width 256; timings vary, so onsets shift by a few thousand steps):
+  cloud             leaves random play at ~17k steps, +0.5..0.65 by 26-30k;
+  split             leaves it at ~17k, +0.75..0.95 by 22-30k;
+  split-accumulate  leaves it at ~33k (its encoder sees a quarter of the rows, through
+                    stale activations), +0.75..0.93 by 42-58k.
+Each test runs past that onset: the first WINDOW_STEPS env steps must score near
+random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
+what was measured).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+RANDOM_RETURN = -0.67
+THRESHOLD = 0.3
+WINDOW_STEPS = 4000
+STEPS = {"cloud": 36_000, "split": 36_000, "split-accumulate": 56_000}
+
+
+def mean_return_between(curve: list[dict[str, float]], first: float, last: float) -> tuple[float, int]:
+    """(mean return, episodes) of the episodes finished between env steps `first` and `last`, from the curve."""
+    start = next(p for p in curve if p["env_steps"] >= first)
+    end = [p for p in curve if p["env_steps"] <= last][-1]
+    episodes = int(end["episodes"] - start["episodes"])
+    return (end["return_sum"] - start["return_sum"]) / max(episodes, 1), episodes
+
+
+@pytest.mark.parametrize("mode", list(STEPS))
+def test_mode_learns_catch(tmp_path, mode):
+    steps = STEPS[mode]
+    run_dir = tmp_path / mode
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", "--mode", mode, "--env", "splitrl/Catch-v0"]
+    command += ["--steps", str(steps), "--frame-size", "36", "--width", "256", "--seed", "0"]
+    command += ["--run-dir", str(run_dir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first, first_episodes = mean_return_between(summary["curve"], 0, WINDOW_STEPS)
+    last, last_episodes = mean_return_between(summary["curve"], steps - WINDOW_STEPS, steps)
+    assert min(first_episodes, last_episodes) >= 100, f"too few episodes: {first_episodes}, {last_episodes}"
+    assert first < RANDOM_RETURN + 0.25, f"{mode}: the first {WINDOW_STEPS} steps already score {first:+.2f}"
+    assert last >= THRESHOLD, f"{mode}: {first:+.2f} over the first {WINDOW_STEPS} steps, {last:+.2f} over the last"
+    assert summary["learner_updates"] > 0

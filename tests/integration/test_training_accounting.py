@@ -1,0 +1,75 @@
+"""Training-phase WAN traffic of each mode, counted on the `learner-encoder` link after a short real run.
+
+The prediction is the research's (DESIGN.md §1): the naive split moves
+activations up and gradients down for every sample of every epoch,
+2 directions x epochs x width bf16 numbers per sample; split-accumulate moves
+gradients down for `encoder_fraction` of them only; cloud moves nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from splitrl.core import scrape
+from tests.integration.stack import Stack
+
+WIDTH = 4096
+UNROLL = 8
+LEARNER = {
+    "chunks_per_update": 4,
+    "epochs": 3,
+    "minibatches": 2,
+    "max_updates": 2,
+    "encoder_fraction": 0.25,
+}
+TRAINED_SAMPLES = LEARNER["max_updates"] * LEARNER["chunks_per_update"] * UNROLL
+#: Bytes the talk's naive split moves per trained sample: activations up + gradients down, every epoch, bf16.
+SPLIT_BYTES_PER_SAMPLE = 2 * LEARNER["epochs"] * WIDTH * 2
+
+
+@pytest.fixture(params=["cloud", "split", "split-accumulate"])
+async def trained(request):
+    mode = request.param
+    stack = await Stack.start(mode, num_envs=2, steps=0, unroll_length=UNROLL, width=WIDTH, learner=LEARNER)
+    try:
+        learner = stack.hosts["learner"].service
+        await asyncio.wait_for(learner.finished().wait(), 180)
+        assert learner.failure() is None, learner.failure()
+        await asyncio.sleep(0.5)  # split-accumulate: the last pushed gradients reach the edge and are acked
+        yield mode, stack.scrape()
+    finally:
+        await stack.stop()
+
+
+def training_wan_bytes(texts: dict[str, str]) -> int:
+    links = scrape.link_counts(texts.values())
+    return sum(b for (link, phase), b in scrape.sent_bytes(links).items() if link == "learner-encoder")
+
+
+def test_training_traffic_matches_the_mode(trained):
+    mode, texts = trained
+    sent = training_wan_bytes(texts)
+    if mode == "cloud":
+        assert sent == 0
+        return
+    predicted_split = TRAINED_SAMPLES * SPLIT_BYTES_PER_SAMPLE
+    if mode == "split":
+        assert sent == pytest.approx(predicted_split, rel=0.05), f"{sent} B vs predicted {predicted_split} B"
+    else:
+        assert 0 < sent <= LEARNER["encoder_fraction"] * predicted_split, f"{sent} B vs {predicted_split} B"
+        assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_updates_total") > 0
+
+
+def test_training_link_counts_agree_on_both_ends(trained):
+    mode, texts = trained
+    links = scrape.link_counts(texts.values())
+    if mode == "cloud":
+        assert "learner-encoder" not in links
+        return
+    for payload, ends in links["learner-encoder"]["training"].items():
+        assert ends.get("sent") == ends.get("received"), f"{payload}: {ends}"
+    edge = texts["edge-encoder"]
+    assert scrape.total([edge], "splitrl_encoder_version") > 0  # the edge's encoder trained
+    assert scrape.total([edge], "splitrl_unknown_step_ids_total") == 0  # the store held every step asked for

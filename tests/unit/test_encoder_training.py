@@ -1,0 +1,125 @@
+"""The edge's half of split training: the bounded observation store and the encoder's gradient steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from splitrl.core import wire
+from splitrl.core.metrics import Metrics
+from splitrl.core.models import Encoder
+from splitrl.core.rpc import BadRequest
+from splitrl.edge_encoder.training import (
+    MAX_PREFIX,
+    STEP_ID_BITS,
+    EncoderTrainer,
+    ObservationStore,
+    new_step_id_prefix,
+    prefix_of,
+)
+from splitrl.v1 import training_pb2
+
+WIDTH = 32
+
+
+def stacks(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 256, (n, 4, 36, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+
+
+def make_trainer(capacity: int = 100) -> tuple[EncoderTrainer, Metrics]:
+    torch.manual_seed(0)
+    metrics = Metrics(CollectorRegistry())
+    trainer = EncoderTrainer(
+        Encoder(4, 36, WIDTH), ObservationStore(capacity), metrics, learning_rate=1e-3, max_grad_norm=0.5
+    )
+    return trainer, metrics
+
+
+def test_store_keeps_the_newest_ids_and_reports_the_rest_missing():
+    store = ObservationStore(capacity=3)
+    data = stacks(5)
+    store.put([10, 11, 12, 13, 14], data)
+    assert len(store) == 3
+    found, held = store.get([10, 12, 14, 99])
+    assert found == [1, 2]
+    assert held is not None and torch.equal(held, data[[2, 4]])
+    assert store.get([10, 11]) == ([], None)
+
+
+def test_store_rejects_a_bad_capacity_with_the_value():
+    with pytest.raises(ValueError, match="-1"):
+        ObservationStore(-1)
+
+
+def test_prefixes_route_ids_and_stay_inside_int64():
+    for _ in range(100):
+        prefix = new_step_id_prefix()
+        assert 1 <= prefix < MAX_PREFIX
+        last_id = (prefix << STEP_ID_BITS) + (1 << STEP_ID_BITS) - 1
+        assert prefix_of(last_id) == prefix and last_id < 2**63
+
+
+def test_split_gradients_train_the_encoder_through_the_kept_graph():
+    trainer, metrics = make_trainer()
+    trainer.store.put([1, 2, 3], stacks(3))
+    before = [p.detach().clone() for p in trainer.encoder.parameters()]
+    answer = trainer.activations(training_pb2.ActivationRequest(request_id=7, step_ids=[1, 3, 42]))
+    assert list(answer.missing_step_ids) == [42]
+    rows = wire.decode(answer.activations, expect_dtype=wire.DType.DTYPE_BFLOAT16, expect_shape=[2, WIDTH])
+    gradients = torch.ones_like(rows)
+    applied = trainer.apply(
+        training_pb2.EncoderGradients(request_id=7, gradients=wire.encode(gradients, wire.DType.DTYPE_BFLOAT16))
+    )
+    assert applied.encoder_version == trainer.version == 1 and applied.unknown_step_ids == 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.encoder.parameters(), strict=True))
+    assert metrics.unknown_step_ids.labels(request="activation")._value.get() == 1
+
+
+def test_gradients_for_an_unknown_request_are_counted_not_applied():
+    trainer, metrics = make_trainer()
+    message = training_pb2.EncoderGradients(
+        request_id=99, gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+    )
+    applied = trainer.apply(message)
+    assert applied.unknown_step_ids == 2 and applied.encoder_version == 0
+    assert metrics.unknown_step_ids.labels(request="gradient")._value.get() == 2
+
+
+def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps():
+    trainer, metrics = make_trainer(capacity=2)
+    trainer.store.put([1, 2, 3], stacks(3))  # 1 is evicted
+    message = training_pb2.EncoderGradients(
+        request_id=5, step_ids=[1, 2, 3], gradients=wire.encode(torch.ones(3, WIDTH), wire.DType.DTYPE_BFLOAT16)
+    )
+    applied = trainer.apply(message)
+    assert applied.unknown_step_ids == 1 and applied.encoder_version == 1
+    assert metrics.encoder_updates._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    "message, error",
+    [
+        (training_pb2.EncoderGradients(request_id=1, step_ids=[1, 2]), "dtype"),
+        (
+            training_pb2.EncoderGradients(
+                request_id=1,
+                step_ids=[1, 2],
+                gradients=wire.encode(torch.ones(2, WIDTH + 1), wire.DType.DTYPE_BFLOAT16),
+            ),
+            "expected \\[n, width\\]",
+        ),
+        (
+            training_pb2.EncoderGradients(
+                request_id=1, step_ids=[1], gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+            ),
+            "1 step ids for 2 rows",
+        ),
+    ],
+)
+def test_malformed_gradients_are_refused_with_a_reason(message, error):
+    trainer, _ = make_trainer()
+    trainer.store.put([1, 2], stacks(2))
+    with pytest.raises((BadRequest, wire.WireError), match=error):
+        trainer.apply(message)
+    assert trainer.version == 0
