@@ -2,11 +2,12 @@
 
 Catch's random policy scores about -0.67 (the paddle covers 2 of 12 columns).
 Measured on a 2-core machine with these settings (seed 0, 4 envs, 36 x 36
-frames, width 256; timings vary, so onsets shift by a few thousand steps):
-  cloud             leaves random play at ~17k steps, +0.5..0.65 by 26-30k;
-  split             leaves it at ~17k, +0.75..0.95 by 22-30k;
-  split-accumulate  leaves it at ~33k (its encoder sees a quarter of the rows, through
-                    stale activations), +0.75..0.93 by 42-58k.
+frames, width 256; mean return of the last 4k steps; process timing varies, so
+onsets shift by a few thousand steps from run to run):
+  cloud             leaves random play at ~17-20k steps; +0.65 and +0.78 at 30k / 36k;
+  split             leaves it at ~17-20k; +0.9 and +0.95 at 30k / 36k;
+  split-accumulate  leaves it at ~30-33k (its encoder sees a quarter of the rows, through
+                    stale activations); +0.45 and +0.85 at 56k in two runs.
 Each test runs past that onset: the first WINDOW_STEPS env steps must score near
 random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
 what was measured).
@@ -23,7 +24,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 RANDOM_RETURN = -0.67
-THRESHOLD = 0.3
+THRESHOLD = 0.0
 WINDOW_STEPS = 4000
 STEPS = {"cloud": 36_000, "split": 36_000, "split-accumulate": 56_000}
 

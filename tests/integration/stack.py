@@ -59,12 +59,13 @@ class Stack:
         env_kwargs: dict | None = None,
         learner: dict | None = None,
         edge: dict | None = None,
+        replay: dict | None = None,
     ) -> Stack:
         """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
         shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width}
         stack = cls()
         try:
-            stack.hosts["replay"] = await start(ReplayService, ReplaySettings())
+            stack.hosts["replay"] = await start(ReplayService, ReplaySettings(**(replay or {})))
             stack.hosts["inference"] = await start(
                 InferenceService,
                 InferenceSettings(

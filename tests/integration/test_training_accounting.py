@@ -73,3 +73,46 @@ def test_training_link_counts_agree_on_both_ends(trained):
     edge = texts["edge-encoder"]
     assert scrape.total([edge], "splitrl_encoder_version") > 0  # the edge's encoder trained
     assert scrape.total([edge], "splitrl_unknown_step_ids_total") == 0  # the store held every step asked for
+
+
+async def test_steps_the_edge_no_longer_holds_are_counted_and_training_goes_on():
+    # A store of 8 steps cannot hold a 4-chunk x 8-step batch: most ids are evicted before the learner asks.
+    stack = await Stack.start(
+        "split",
+        num_envs=2,
+        steps=0,
+        unroll_length=UNROLL,
+        width=256,
+        learner=LEARNER,
+        edge={"observation_store_size": 8},
+    )
+    try:
+        learner = stack.hosts["learner"].service
+        await asyncio.wait_for(learner.finished().wait(), 180)
+        assert learner.failure() is None, learner.failure()
+        texts = stack.scrape()
+        edge = texts["edge-encoder"]
+        assert scrape.total([edge], "splitrl_unknown_step_ids_total") > 0
+        assert scrape.total([edge], "splitrl_observation_store_size") <= 8
+        assert stack.hosts["edge-encoder"].service.failure() is None
+    finally:
+        await stack.stop()
+
+
+async def test_learner_sends_priorities_to_a_prioritized_table():
+    learner = {**LEARNER, "importance_beta": 0.4, "priority_updates": True}
+    replay = {"selector": "prioritized", "max_times_sampled": 2, "priority_exponent": 0.6}
+    stack = await Stack.start("cloud", num_envs=2, steps=0, unroll_length=UNROLL, learner=learner, replay=replay)
+    try:
+        service = stack.hosts["learner"].service
+        await asyncio.wait_for(service.finished().wait(), 180)
+        assert service.failure() is None, service.failure()
+        texts = stack.scrape()
+        updated = [
+            value
+            for name, labels, value in scrape.samples(texts["replay"])
+            if name == "splitrl_replay_priority_updates_total" and labels.get("outcome") == "applied"
+        ]
+        assert sum(updated) > 0
+    finally:
+        await stack.stop()

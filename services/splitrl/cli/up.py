@@ -205,7 +205,7 @@ def run_up(settings: UpSettings) -> int:
                 raise RuntimeError(f"{', '.join(crashed)} exited during the run; see {run_dir / 'logs'}")
             texts = _live_texts(children)
             progress.update(texts, time.monotonic() - started)
-            curve.append(_curve_point(texts))
+            _extend_curve(curve, _curve_point(texts))
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -225,6 +225,7 @@ def run_up(settings: UpSettings) -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous_term)
     summary = build_summary(settings, run_dir, children, elapsed, interrupted)
+    _extend_curve(curve, _curve_point([p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]))
     summary["curve"] = curve
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(summary, run_dir / "learning.png")
@@ -241,6 +242,12 @@ def _live_texts(children: dict[str, _Child]) -> list[str]:
         except OSError:
             continue  # a service that is shutting down; the next update will do
     return texts
+
+
+def _extend_curve(curve: list[dict[str, float]], point: dict[str, float]) -> None:
+    """Append `point` unless a counter went backwards (a service that just exited took its series with it)."""
+    if not curve or all(point[key] >= curve[-1][key] for key in point):
+        curve.append(point)
 
 
 def _curve_point(texts: list[str]) -> dict[str, float]:

@@ -125,15 +125,16 @@ class Trainer:
         """One optimizer step on rows `index`; returns its loss terms, or None if no row could be trained."""
         s = self.settings
         inputs = flat["observations"][index]
-        ticket = None
+        ticket, leaf = None, None
         if s.mode == "split":
             assert self.edges is not None
-            inputs, present, ticket = self.edges.fetch_activations(flat["step_ids"][index])
-            index, inputs = index[present], inputs[present]
+            fetched, present, ticket = self.edges.fetch_activations(flat["step_ids"][index])
+            leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
+            index, inputs = index[present], leaf[present]
             if len(index) == 0:
                 return None
-        if s.mode != "cloud":
-            inputs = inputs.float().requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
+        elif s.mode == "split-accumulate":
+            leaf = inputs = inputs.float().requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
         mb_advantages = flat["advantages"][index]
         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(unbiased=False) + 1e-8)
         distribution, new_values = self.network(inputs)
@@ -154,14 +155,14 @@ class Trainer:
         nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
         self.optimizer.step()
         if s.mode == "split":
-            assert self.edges is not None and inputs.grad is not None
-            self.edges.return_gradients(ticket, inputs.grad)
+            assert self.edges is not None and leaf is not None and leaf.grad is not None
+            self.edges.return_gradients(ticket, leaf.grad)
         elif s.mode == "split-accumulate":
-            assert self.edges is not None and inputs.grad is not None
+            assert self.edges is not None and leaf is not None and leaf.grad is not None
             chosen = torch.rand(len(index), generator=self._generator) < s.encoder_fraction
             if bool(chosen.any()):
                 rows = index[chosen]
-                self.edges.push_gradients(flat["step_ids"][rows], flat["encoder_versions"][rows], inputs.grad[chosen])
+                self.edges.push_gradients(flat["step_ids"][rows], flat["encoder_versions"][rows], leaf.grad[chosen])
         return torch.stack([loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clip_fraction]).detach()
 
     @torch.no_grad()
