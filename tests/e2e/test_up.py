@@ -79,7 +79,7 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert summary["exit_codes"] == {"replay": 0, "inference": 0, "learner": 0, "edge-encoder": 0, "environment": 0}
     assert summary["episodes"] > 0 and -1.0 <= summary["mean_episode_return"] <= 1.0
     curve = summary["curve"]
-    for key in ("env_steps", "episodes", "return_sum", "updates"):
+    for key in ("env_steps", "episodes", "updates"):  # counters; a return sum may fall
         assert all(a[key] <= b[key] for a, b in itertools.pairwise(curve)), f"curve {key} goes backwards"
     assert curve[-1]["env_steps"] == 600 and curve[-1]["episodes"] == summary["episodes"]
     per_step = summary["wan_bytes_per_env_step"]["rollout"]

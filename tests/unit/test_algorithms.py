@@ -125,7 +125,7 @@ def test_ppo_loss_gradient_vanishes_outside_the_clip_range():
     assert new.grad is not None and new.grad.item() == 0.0
 
 
-def test_ppo_loss_sample_weights_are_a_weighted_mean():
+def test_ppo_loss_sample_weights_scale_each_sample():
     new = torch.tensor([-0.5, -1.0, -2.0])
     old = torch.tensor([-0.6, -0.9, -2.0])
     advantages = torch.tensor([1.0, -1.0, 0.5])
@@ -133,7 +133,8 @@ def test_ppo_loss_sample_weights_are_a_weighted_mean():
     unweighted = ppo_loss(new, old, advantages, values, returns, entropy)
     ones = ppo_loss(new, old, advantages, values, returns, entropy, sample_weights=torch.ones(3))
     assert torch.allclose(unweighted.total, ones.total)
-    # A zero weight removes a sample; the rest keep equal shares.
+    # A zero weight removes a sample's term; the mean still divides by the batch size (Schaul et al.).
     dropped = ppo_loss(new, old, advantages, values, returns, entropy, sample_weights=torch.tensor([1.0, 1.0, 0.0]))
     first_two = ppo_loss(new[:2], old[:2], advantages[:2], values[:2], returns[:2], entropy[:2])
-    assert torch.allclose(dropped.policy, first_two.policy) and torch.allclose(dropped.value, first_two.value)
+    assert torch.allclose(dropped.policy, first_two.policy * 2 / 3)
+    assert torch.allclose(dropped.value, first_two.value * 2 / 3)

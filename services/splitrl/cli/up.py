@@ -245,8 +245,11 @@ def _live_texts(children: dict[str, _Child]) -> list[str]:
 
 
 def _extend_curve(curve: list[dict[str, float]], point: dict[str, float]) -> None:
-    """Append `point` unless a counter went backwards (a service that just exited took its series with it)."""
-    if not curve or all(point[key] >= curve[-1][key] for key in point):
+    """Append `point` unless a counter went backwards (a service that just exited took its series with it).
+
+    return_sum is not checked: negative returns make it fall.
+    """
+    if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates")):
         curve.append(point)
 
 

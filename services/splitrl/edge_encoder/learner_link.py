@@ -48,7 +48,6 @@ class LearnerLink:
         self.metrics = metrics
         self.meter = LinkMeter(metrics, "learner-encoder")
         self.compute = compute
-        self.connected = asyncio.Event()
 
     async def run(self) -> None:
         """Serve the learner until cancelled, redialling with backoff when the stream ends."""
@@ -60,12 +59,12 @@ class LearnerLink:
                     await self._serve(training_pb2_grpc.EncoderTrainingStub(channel).Train())
                 delay = REDIAL_DELAY_S[0]
             except grpc.aio.AioRpcError as error:
-                if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
-                    log.error("learner refused this edge: %s", error.details())
-                else:
-                    log.info("learner stream ended (%s); redialling in %.1fs", error.code().name, delay)
+                if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. a width mismatch: redialling cannot help
+                    raise ValueError(f"learner {self.address} refused this edge: {error.details()}") from None
+                log.info("learner stream ended (%s); redialling in %.1fs", error.code().name, delay)
+            except (ConnectionError, RuntimeError) as error:  # a broken stream or a failed torch step: start over
+                log.warning("training stream to learner failed (%s); redialling in %.1fs", error, delay)
             finally:
-                self.connected.clear()
                 await self._on_compute(self.trainer.forget_pending)
             await asyncio.sleep(delay)
             delay = min(delay * 2, REDIAL_DELAY_S[1])
@@ -81,7 +80,6 @@ class LearnerLink:
         )
         self.meter.sent(hello, phase="training", payload="request")
         await call.write(hello)
-        self.connected.set()
         log.info("training stream to learner %s open", self.address)
         async for message in call:
             reply = await self._answer(message)
@@ -110,12 +108,12 @@ class LearnerLink:
                 applied = training_pb2.GradientsApplied(
                     request_id=gradients.request_id,
                     encoder_version=self.trainer.version,
-                    unknown_step_ids=len(gradients.step_ids),
+                    unknown_step_ids=max(len(gradients.step_ids), _rows(gradients.gradients)),
                 )
             reply = training_pb2.EdgeMessage(applied=applied)
             self.meter.sent(reply, phase="training", payload="ack")
             return reply
-        raise ConnectionError(f"learner sent a message with no known kind ({kind!r}); redialling")
+        raise ConnectionError(f"learner sent a message of no known kind ({kind!r})")
 
     def _reject(self, error: Exception) -> None:
         log.warning("refused a learner request: %s", error)
@@ -123,3 +121,8 @@ class LearnerLink:
 
     async def _on_compute(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.compute, fn)
+
+
+def _rows(tensor: wire.Tensor) -> int:
+    """Leading dimension of a tensor as declared (0 if it has none); used only to report what was skipped."""
+    return int(tensor.shape[0]) if len(tensor.shape) else 0

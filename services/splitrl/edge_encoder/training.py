@@ -28,7 +28,8 @@ from splitrl.v1 import training_pb2
 STEP_ID_BITS = 40
 #: Prefixes are drawn from [1, MAX_PREFIX): ids stay below 2**62, inside int64 in trajectories.
 MAX_PREFIX = 1 << 22
-#: Split mode: graphs kept for activations whose gradients have not come back yet.
+#: Split mode: graphs kept for activations whose gradients have not come back yet. Every optimizer
+#: step invalidates all of them (the weights they saved change in place), so they are dropped then.
 MAX_PENDING_GRAPHS = 4
 
 
@@ -119,6 +120,8 @@ class EncoderTrainer:
         gradients = wire.decode(message.gradients, expect_dtype=wire.DType.DTYPE_BFLOAT16)
         if gradients.dim() != 2 or gradients.shape[1] != self.encoder.width:
             raise BadRequest(f"EncoderGradients.gradients has shape {list(gradients.shape)}; expected [n, width]")
+        if not bool(torch.isfinite(gradients).all()):
+            raise BadRequest("EncoderGradients.gradients holds NaN or Inf")
         if message.step_ids:  # split-accumulate: recompute the forward pass from the stored stacks
             step_ids = list(message.step_ids)
             if len(step_ids) != gradients.shape[0]:
@@ -139,6 +142,7 @@ class EncoderTrainer:
             rows.backward(gradients.float())
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
             self.optimizer.step()
+            self._graphs.clear()  # saved for the old weights: backpropagating them now would be wrong
             self.version += 1
             self.metrics.encoder_updates.inc()
             self.metrics.encoder_version.set(self.version)

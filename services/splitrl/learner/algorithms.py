@@ -98,12 +98,12 @@ def ppo_loss(
 ) -> PPOLoss:
     """Clipped surrogate objective (Schulman et al. 2017) + value regression - entropy bonus, averaged.
 
-    `sample_weights` (>= 0, e.g. prioritized replay's importance weights) turn each mean into a weighted
-    mean of the per-sample policy and value terms; None weighs every sample 1.
+    `sample_weights` (>= 0, e.g. prioritized replay's importance weights, max-normalized to 1) scale each
+    sample's policy and value terms before the mean, as in Schaul et al. 2016; None weighs every sample 1.
     """
 
     def mean(x: torch.Tensor) -> torch.Tensor:
-        return x.mean() if sample_weights is None else (x * sample_weights).sum() / sample_weights.sum()
+        return x.mean() if sample_weights is None else (x * sample_weights).mean()
 
     log_ratio = new_log_probs - old_log_probs
     ratio = log_ratio.exp()

@@ -40,6 +40,14 @@ class _Edge:
     encoder_version: int
     outgoing: asyncio.Queue[training_pb2.LearnerMessage]
     pending: dict[int, asyncio.Future[training_pb2.EdgeMessage]] = field(default_factory=dict)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def disconnect(self) -> None:
+        """Fail everything waiting on this edge: answers it will never send, and room in its queue."""
+        self.gone.set()
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(ConnectionError(f"edge {self.edge_id} disconnected"))
 
 
 @dataclass
@@ -66,8 +74,14 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self.connected = asyncio.Event()
 
     def close(self) -> None:
-        """From now on every trainer-side call returns at once as if no edge were connected."""
+        """From now on every trainer-side call returns at once as if no edge were connected (thread-safe)."""
         self._closed = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._disconnect_all)
+
+    def _disconnect_all(self) -> None:
+        for edge in list(self._edges.values()):
+            edge.disconnect()
 
     # -- gRPC side (event loop) -------------------------------------------------------------------
 
@@ -80,12 +94,12 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self.connected.set()
         log.info("edge %s connected (prefix %d, encoder version %d)", edge.edge_id, edge.prefix, edge.encoder_version)
         reader = asyncio.create_task(self._read(edge, request_iterator))
+        getter: asyncio.Task[training_pb2.LearnerMessage] | None = None
         try:
             while not reader.done():
                 getter = asyncio.create_task(edge.outgoing.get())
                 await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if not getter.done():
-                    getter.cancel()
                     break
                 message = getter.result()
                 payload: Payload = "request" if message.WhichOneof("kind") == "activation_request" else "gradient"
@@ -94,12 +108,12 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             await reader  # re-raises a bad message from the edge as this call's status
         finally:
             reader.cancel()
+            if getter is not None:
+                getter.cancel()
             del self._edges[edge.prefix]
             if not self._edges:
                 self.connected.clear()
-            for future in edge.pending.values():
-                if not future.done():
-                    future.set_exception(ConnectionError(f"edge {edge.edge_id} disconnected"))
+            edge.disconnect()
             log.info("edge %s disconnected", edge.edge_id)
 
     async def _accept_hello(self, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> _Edge:
@@ -142,7 +156,13 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         if wait:
             future = asyncio.get_running_loop().create_future()
             edge.pending[request_id] = future
-        await edge.outgoing.put(message)
+        putter = asyncio.create_task(edge.outgoing.put(message))
+        gone = asyncio.create_task(edge.gone.wait())
+        await asyncio.wait({putter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        putter.cancel()
+        gone.cancel()
+        if edge.gone.is_set():
+            raise ConnectionError(f"edge {edge.edge_id} disconnected")
         return None if future is None else await future
 
     # -- trainer side (its own thread; blocks until the edge answers) ----------------------------------
@@ -175,7 +195,8 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 continue
             activations[answered] = rows.float()
             present[answered] = True
-            ticket.parts.append((prefix, request_id, answered))
+            if len(answered):
+                ticket.parts.append((prefix, request_id, answered))
         return activations, present, ticket
 
     def return_gradients(self, ticket: Ticket, gradients: torch.Tensor) -> None:

@@ -94,8 +94,9 @@ class LearnerService:
         # Off the event loop: the trainer thread may still need the loop to hear that edges are gone.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
         interrupted = self._update  # a concurrent future: cancelling the loop did not stop the thread's work
-        if interrupted is not None and not interrupted.cancelled() and interrupted.exception() is None:
-            self.version += 1  # the interrupted update finished its work: the weights include it
+        finished = interrupted is not None and not interrupted.cancelled() and interrupted.exception() is None
+        if finished and interrupted is not None and interrupted.result().optimizer_steps > 0:
+            self.version += 1  # the interrupted update changed the weights: the checkpoint's version says so
         self._checkpoint()
 
     async def run(self) -> None:
@@ -113,6 +114,9 @@ class LearnerService:
                 self._update = self._executor.submit(self.trainer.update, batch)
                 stats = await asyncio.wrap_future(self._update)
                 self._update = None
+                if stats.optimizer_steps == 0:
+                    log.warning("no row of this batch could be trained (edges gone?); the policy is unchanged")
+                    continue
                 self.version += 1
                 self._record(stats)
                 if s.priority_updates:
@@ -160,13 +164,22 @@ class LearnerService:
     async def _update_priorities(
         self, stub: replay_pb2_grpc.ReplayStub, sampled: list[SampledChunk], priorities: list[float]
     ) -> None:
-        """Prioritized replay: each chunk's new priority is its mean |advantage| under the updated policy's data."""
+        """Prioritized replay: each chunk's new priority is its mean |advantage| (computed before the update).
+
+        Best effort: a slow or stopping replay costs one round of priorities, not the learner.
+        """
         request = replay_pb2.UpdatePrioritiesRequest(
             table=self.settings.replay_table,
             updates=[replay_pb2.KeyPriority(key=c.key, priority=p) for c, p in zip(sampled, priorities, strict=True)],
         )
         self.replay_meter.sent(request, phase="training", payload="request")
-        response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
+        try:
+            response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise
+            log.warning("priority update failed (%s); these chunks keep their priorities", error.code().name)
+            return
         self.replay_meter.received(response, phase="training", payload="ack")
 
     async def _wait_for_an_edge(self) -> None:

@@ -76,6 +76,7 @@ class UpdateStats:
     clip_fraction: float
     steps: int
     chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
+    optimizer_steps: int  # 0 when no minibatch had a row to train on (split: no edge answered)
 
 
 class Trainer:
@@ -119,7 +120,16 @@ class Trainer:
                     count += 1
         policy, value, entropy, approx_kl, clip_fraction = (totals / max(count, 1)).tolist()
         priorities = advantages.abs().mean(dim=1).tolist()
-        return UpdateStats(policy, value, entropy, approx_kl, clip_fraction, steps=size, chunk_priorities=priorities)
+        return UpdateStats(
+            policy,
+            value,
+            entropy,
+            approx_kl,
+            clip_fraction,
+            steps=size,
+            chunk_priorities=priorities,
+            optimizer_steps=count,
+        )
 
     def _minibatch(self, flat: dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor | None:
         """One optimizer step on rows `index`; returns its loss terms, or None if no row could be trained."""
