@@ -37,6 +37,7 @@ def mean_return_between(curve: list[dict[str, float]], first: float, last: float
     return (end["return_sum"] - start["return_sum"]) / max(episodes, 1), episodes
 
 
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("mode", list(STEPS))
 def test_mode_learns_catch(tmp_path, mode):
     steps = STEPS[mode]
