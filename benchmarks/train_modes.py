@@ -71,6 +71,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "env_steps_per_second": summary["env_steps_per_second"],
         "learner_updates": summary["learner_updates"],
         "episodes": summary["episodes"],
+        "mean_return": summary["mean_episode_return"],
         "return_first_fifth": early,
         "episodes_first_fifth": early_n,
         "return_last_fifth": late,
@@ -86,15 +87,15 @@ def table(results: list[dict[str, Any]]) -> str:
         return "n/a" if value is None else f"{value:+.2f}"
 
     lines = [
-        "| mode | env steps | wall s | steps/s | updates | episodes | return first 1/5 | return last 1/5 "
+        "| mode | env steps | wall s | steps/s | updates | episodes | mean return | return first 1/5 | return last 1/5 "
         "| WAN rollout B/step | WAN training B/step | WAN total MB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in results:
         per_step = r["wan_bytes_per_env_step"]
         lines.append(
             f"| {r['mode']} | {r['env_steps']:,} | {r['wall_seconds']:.0f} | {r['env_steps_per_second']} "
-            f"| {r['learner_updates']} | {r['episodes']} | {fmt(r['return_first_fifth'])} "
+            f"| {r['learner_updates']} | {r['episodes']} | {fmt(r['mean_return'])} | {fmt(r['return_first_fifth'])} "
             f"| {fmt(r['return_last_fifth'])} | {per_step.get('rollout', 0):,.0f} "
             f"| {per_step.get('training', 0):,.0f} | {sum(r['wan_bytes'].values()) / 1e6:,.1f} |"
         )
