@@ -10,14 +10,8 @@ from splitrl.core import wire
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
-from splitrl.edge_encoder.training import (
-    MAX_PREFIX,
-    STEP_ID_BITS,
-    EncoderTrainer,
-    ObservationStore,
-    new_step_id_prefix,
-    prefix_of,
-)
+from splitrl.core.step_ids import MAX_PREFIX, STEP_ID_BITS, first_id, new_prefix, prefix_of
+from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
 from splitrl.v1 import training_pb2
 
 WIDTH = 32
@@ -54,10 +48,11 @@ def test_store_rejects_a_bad_capacity_with_the_value():
 
 def test_prefixes_route_ids_and_stay_inside_int64():
     for _ in range(100):
-        prefix = new_step_id_prefix()
+        prefix = new_prefix()
         assert 1 <= prefix < MAX_PREFIX
-        last_id = (prefix << STEP_ID_BITS) + (1 << STEP_ID_BITS) - 1
-        assert prefix_of(last_id) == prefix and last_id < 2**63
+        last_id = first_id(prefix) + (1 << STEP_ID_BITS) - 1
+        ids = torch.tensor([first_id(prefix), last_id])  # int64: would overflow past 2**63
+        assert prefix_of(ids).tolist() == [prefix, prefix] and last_id < 2**63
 
 
 def test_split_gradients_train_the_encoder_through_the_kept_graph():

@@ -28,9 +28,10 @@ from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.core.service import BackgroundLoop
+from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
-from splitrl.edge_encoder.training import STEP_ID_BITS, EncoderTrainer, ObservationStore, new_step_id_prefix
+from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
         torch.manual_seed(settings.seed)
         self.encoder = Encoder(settings.frame_stack, settings.frame_size, settings.width).eval()
-        self.step_id_prefix = new_step_id_prefix()
-        self._step_ids = itertools.count(self.step_id_prefix << STEP_ID_BITS)
+        self.step_id_prefix = new_prefix()
+        self._step_ids = itertools.count(first_id(self.step_id_prefix))
         self.store = ObservationStore(settings.observation_store_size)
         self.trainer = EncoderTrainer(
             self.encoder,

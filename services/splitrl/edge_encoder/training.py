@@ -1,9 +1,8 @@
 """The edge's half of split-mode training: a store of frame stacks by step id, and an encoder optimizer.
 
-Step ids carry the edge's prefix in their top bits (`step_id >> STEP_ID_BITS`),
-so a learner serving several edges can route every id back to the edge that
-issued it. The store is bounded: an id evicted before the learner asks for it
-is counted (`splitrl_unknown_step_ids_total`) and skipped, never an error.
+Steps are keyed by their id (`splitrl.core.step_ids`). The store is bounded:
+an id evicted before the learner asks for it is counted
+(`splitrl_unknown_step_ids_total`) and skipped, never an error.
 
 Everything here is synchronous torch work; the service runs it on its single
 compute thread, so rollout forwards and training steps never interleave.
@@ -11,7 +10,6 @@ compute thread, so rollout forwards and training steps never interleave.
 
 from __future__ import annotations
 
-import secrets
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -24,22 +22,9 @@ from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.v1 import training_pb2
 
-#: Low bits of a step id that count steps; the bits above hold the edge's prefix.
-STEP_ID_BITS = 40
-#: Prefixes are drawn from [1, MAX_PREFIX): ids stay below 2**62, inside int64 in trajectories.
-MAX_PREFIX = 1 << 22
 #: Split mode: graphs kept for activations whose gradients have not come back yet. Every optimizer
 #: step invalidates all of them (the weights they saved change in place), so they are dropped then.
 MAX_PENDING_GRAPHS = 4
-
-
-def new_step_id_prefix() -> int:
-    """A random prefix for this process's step ids; a restarted edge gets a new one, so old ids stay unknown."""
-    return 1 + secrets.randbelow(MAX_PREFIX - 1)
-
-
-def prefix_of(step_id: int) -> int:
-    return step_id >> STEP_ID_BITS
 
 
 class ObservationStore:

@@ -23,11 +23,10 @@ import torch
 from splitrl.core import wire
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Refused
+from splitrl.core.step_ids import MAX_PREFIX, prefix_of
 from splitrl.v1 import training_pb2, training_pb2_grpc
 
 log = logging.getLogger(__name__)
-STEP_ID_BITS = 40  # must match splitrl.edge_encoder.training.STEP_ID_BITS
-MAX_PREFIX = 1 << 22
 #: Split-accumulate gradients waiting to be written to one edge before the trainer blocks (backpressure).
 MAX_QUEUED_MESSAGES = 64
 REPLY_TIMEOUT_S = 60.0
@@ -239,7 +238,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             self._call(prefix, message, request_id, wait=False)
 
     def _by_prefix(self, step_ids: torch.Tensor) -> dict[int, torch.Tensor]:
-        prefixes = step_ids >> STEP_ID_BITS
+        prefixes = prefix_of(step_ids)
         return {int(p): (prefixes == p).nonzero().squeeze(1) for p in prefixes.unique().tolist()}
 
     def _call(
