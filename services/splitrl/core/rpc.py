@@ -42,6 +42,10 @@ SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
 )
 
 
+#: Statuses a caller may retry after a pause: the peer was slow, or not (yet, or any more) reachable.
+TRANSIENT_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+
+
 class BadRequest(ValueError):
     """A request the server refuses (INVALID_ARGUMENT); the message is shown to the caller."""
 

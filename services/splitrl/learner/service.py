@@ -137,7 +137,7 @@ class LearnerService:
             try:
                 response = await stub.Sample(request, timeout=SAMPLE_WAIT_S)
             except grpc.aio.AioRpcError as error:
-                if error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                if error.code() not in rpc.TRANSIENT_CODES:
                     raise
                 log.warning("replay sample failed (%s); retrying", error.code().name)
                 await asyncio.sleep(1.0)
@@ -176,7 +176,7 @@ class LearnerService:
         try:
             response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
         except grpc.aio.AioRpcError as error:
-            if error.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            if error.code() not in rpc.TRANSIENT_CODES:
                 raise
             log.warning("priority update failed (%s); these chunks keep their priorities", error.code().name)
             return
