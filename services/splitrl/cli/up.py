@@ -224,9 +224,7 @@ def run_up(settings: UpSettings) -> int:
         progress.close()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, previous_term)
-    summary = build_summary(settings, run_dir, children, elapsed, interrupted)
-    _extend_curve(curve, _curve_point([p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]))
-    summary["curve"] = curve
+    summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     plot_run(summary, run_dir / "learning.png")
     progress.print_summary(summary, run_dir / "summary.json")
@@ -264,10 +262,19 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
 
 
 def build_summary(
-    settings: UpSettings, run_dir: Path, children: dict[str, _Child], elapsed_s: float, interrupted: bool
+    settings: UpSettings,
+    run_dir: Path,
+    children: dict[str, _Child],
+    elapsed_s: float,
+    interrupted: bool,
+    curve: list[dict[str, float]],
 ) -> dict[str, Any]:
-    """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload."""
+    """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
+
+    Its `curve` is the live one, ended with a point from the final counters.
+    """
     texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
+    _extend_curve(curve, _curve_point(texts))
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
     links = scrape.link_counts(texts)
     wan_bytes: dict[str, int] = {}
@@ -289,4 +296,5 @@ def build_summary(
         "wan_bytes": wan_bytes,
         "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
         "links": links,
+        "curve": curve,
     }
