@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from splitrl.cli.plots import mean_return_between
+
 MODES = ("cloud", "split", "split-accumulate")
 
 
@@ -38,17 +40,6 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def window_return(curve: list[dict[str, float]], first: float, last: float) -> tuple[float | None, int]:
-    """Mean return and count of the episodes that finished between env steps `first` and `last`."""
-    inside = [p for p in curve if first <= p["env_steps"] <= last]
-    if len(inside) < 2:
-        return None, 0
-    episodes = int(inside[-1]["episodes"] - inside[0]["episodes"])
-    if episodes == 0:
-        return None, 0
-    return (inside[-1]["return_sum"] - inside[0]["return_sum"]) / episodes, episodes
-
-
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     run_dir = args.out / mode
     command = [sys.executable, "-m", "splitrl.cli.main", "up", "--mode", mode, "--env", args.env]
@@ -60,8 +51,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     wall = time.monotonic() - started
     summary = json.loads((run_dir / "summary.json").read_text())
     window = max(args.steps // 5, 1)
-    early, early_n = window_return(summary["curve"], 0, window)
-    late, late_n = window_return(summary["curve"], args.steps - window, args.steps)
+    early, early_n = mean_return_between(summary["curve"], 0, window)
+    late, late_n = mean_return_between(summary["curve"], args.steps - window, args.steps)
     steps = max(summary["env_steps"], 1)
     return {
         "mode": mode,

@@ -21,20 +21,14 @@ import sys
 
 import pytest
 
+from splitrl.cli.plots import mean_return_between
+
 pytestmark = pytest.mark.e2e
 
 RANDOM_RETURN = -0.67
 THRESHOLD = 0.0
 WINDOW_STEPS = 4000
 STEPS = {"cloud": 36_000, "split": 36_000, "split-accumulate": 56_000}
-
-
-def mean_return_between(curve: list[dict[str, float]], first: float, last: float) -> tuple[float, int]:
-    """(mean return, episodes) of the episodes finished between env steps `first` and `last`, from the curve."""
-    start = next(p for p in curve if p["env_steps"] >= first)
-    end = [p for p in curve if p["env_steps"] <= last][-1]
-    episodes = int(end["episodes"] - start["episodes"])
-    return (end["return_sum"] - start["return_sum"]) / max(episodes, 1), episodes
 
 
 @pytest.mark.timeout(900)

@@ -11,7 +11,7 @@ import pytest
 from matplotlib.image import imread
 
 from splitrl.cli.main import main
-from splitrl.cli.plots import curve_bins, plot_run
+from splitrl.cli.plots import curve_bins, mean_return_between, plot_run
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -119,3 +119,16 @@ def test_splitrl_plot_without_a_usable_summary_exits_2(
     assert exit_info.value.code == 2
     assert str(tmp_path / "summary.json") in capsys.readouterr().err
     assert not (tmp_path / "learning.png").exists()
+
+
+def test_mean_return_between_takes_the_episodes_finished_inside_the_window():
+    curve = [
+        {"env_steps": 0.0, "episodes": 0.0, "return_sum": 0.0, "updates": 0.0},
+        {"env_steps": 100.0, "episodes": 10.0, "return_sum": -5.0, "updates": 0.0},
+        {"env_steps": 200.0, "episodes": 20.0, "return_sum": 0.0, "updates": 1.0},
+        {"env_steps": 300.0, "episodes": 20.0, "return_sum": 0.0, "updates": 2.0},
+    ]
+    assert mean_return_between(curve, 0, 100) == (-0.5, 10)
+    assert mean_return_between(curve, 100, 300) == (0.5, 10)
+    assert mean_return_between(curve, 200, 300) == (None, 0)  # no episode finished
+    assert mean_return_between(curve, 250, 300) == (None, 0)  # one sample: no interval

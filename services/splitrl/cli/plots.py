@@ -66,6 +66,21 @@ def curve_bins(curve: list[dict[str, float]]) -> list[tuple[float, float]]:
     ]
 
 
+def mean_return_between(curve: list[dict[str, float]], first: float, last: float) -> tuple[float | None, int]:
+    """(mean return, episodes) of the episodes finished between env steps `first` and `last` of a run's curve.
+
+    The window runs from the first sample at or after `first` to the last at or before `last`; the mean is
+    None when no episode finished in it.
+    """
+    inside = [point for point in curve if first <= point["env_steps"] <= last]
+    if len(inside) < 2:
+        return None, 0
+    episodes = int(inside[-1]["episodes"] - inside[0]["episodes"])
+    if episodes == 0:
+        return None, 0
+    return (inside[-1]["return_sum"] - inside[0]["return_sum"]) / episodes, episodes
+
+
 def _say(axes: Axes, message: str) -> None:
     """An empty panel with `message` in its middle (no meaningless 0..1 ticks)."""
     axes.set_xticks([])
