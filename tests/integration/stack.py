@@ -128,6 +128,12 @@ class Stack:
             assert time.monotonic() < deadline, "replay did not acknowledge every chunk"
             await asyncio.sleep(0.02)
 
+    async def wait_learner_done(self, timeout_s: float = 180.0) -> None:
+        """Wait for the learner to reach its max_updates; fail the test with its error if it failed instead."""
+        learner = self.hosts["learner"].service
+        await asyncio.wait_for(learner.finished().wait(), timeout_s)
+        assert learner.failure() is None, learner.failure()
+
     def scrape(self) -> dict[str, str]:
         """Every service's /metrics, fetched over HTTP."""
         return {name: scrape.fetch(host.metrics_port) for name, host in self.hosts.items()}

@@ -34,9 +34,7 @@ async def trained(request):
     mode = request.param
     stack = await Stack.start(mode, num_envs=2, steps=0, unroll_length=UNROLL, width=WIDTH, learner=LEARNER)
     try:
-        learner = stack.hosts["learner"].service
-        await asyncio.wait_for(learner.finished().wait(), 180)
-        assert learner.failure() is None, learner.failure()
+        await stack.wait_learner_done()
         await asyncio.sleep(0.5)  # split-accumulate: the last pushed gradients reach the edge and are acked
         yield mode, stack.scrape()
     finally:
@@ -87,9 +85,7 @@ async def test_steps_the_edge_no_longer_holds_are_counted_and_training_goes_on()
         edge={"observation_store_size": 8},
     )
     try:
-        learner = stack.hosts["learner"].service
-        await asyncio.wait_for(learner.finished().wait(), 180)
-        assert learner.failure() is None, learner.failure()
+        await stack.wait_learner_done()
         texts = stack.scrape()
         edge = texts["edge-encoder"]
         assert scrape.total([edge], "splitrl_unknown_step_ids_total") > 0
@@ -104,9 +100,7 @@ async def test_learner_sends_priorities_to_a_prioritized_table():
     replay = {"selector": "prioritized", "max_times_sampled": 2, "priority_exponent": 0.6}
     stack = await Stack.start("cloud", num_envs=2, steps=0, unroll_length=UNROLL, learner=learner, replay=replay)
     try:
-        service = stack.hosts["learner"].service
-        await asyncio.wait_for(service.finished().wait(), 180)
-        assert service.failure() is None, service.failure()
+        await stack.wait_learner_done()
         texts = stack.scrape()
         updated = [
             value
