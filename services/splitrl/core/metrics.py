@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Literal
 
 from google.protobuf.message import Message
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
 
 from splitrl.core import wire
 from splitrl.v1 import tensor_pb2
@@ -62,6 +62,13 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self.run = Info(
+            "splitrl_run",
+            "The training mode (and, where it applies, the observation codec) of the run this service is part of. "
+            "Set by the services that have a mode (edge-encoder, inference, learner; the others export it "
+            "without labels), so that rules can label WAN traffic by mode.",
+            registry=registry,
+        )
         self.link_bytes = Counter(
             "splitrl_link_bytes",
             "Serialized protobuf bytes moved on a link, as counted at this end.",
@@ -123,6 +130,12 @@ class Metrics:
         )
         self.replay_samples = Counter(
             "splitrl_replay_samples", "Items handed out by a replay table.", ["table"], registry=registry
+        )
+        self.replay_max_size = Gauge(
+            "splitrl_replay_table_max_size",
+            "Capacity of a replay table in items (its fill is table_size / table_max_size).",
+            ["table"],
+            registry=registry,
         )
         self.replay_evictions = Counter(
             "splitrl_replay_evictions",

@@ -45,6 +45,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     def __init__(self, settings: EdgeEncoderSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        # The codec matters only in cloud mode (split modes send bf16 activations).
+        metrics.run.info({"mode": settings.mode} | ({"codec": settings.codec} if settings.mode == "cloud" else {}))
         self.env_meter = LinkMeter(metrics, "env-encoder")
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)

@@ -45,6 +45,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     def __init__(self, settings: InferenceSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        # The codec matters only in cloud mode (split modes send bf16 activations).
+        metrics.run.info({"mode": settings.mode} | ({"codec": settings.codec} if settings.mode == "cloud" else {}))
         self.meter = LinkMeter(metrics, "encoder-inference")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)

@@ -56,6 +56,7 @@ class LearnerService:
     def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
+        metrics.run.info({"mode": settings.mode})
         self.replay_meter = LinkMeter(metrics, "replay-learner")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
         torch.manual_seed(settings.seed)

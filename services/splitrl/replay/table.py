@@ -101,6 +101,7 @@ class Table:
             series.labels(table=name)  # every series exists, at 0, from the start
         for op in ("insert", "sample"):
             self._metrics.replay_rate_limiter_blocked.labels(table=name, op=op)
+        self._metrics.replay_max_size.labels(table=name).set(max_size)
         self._export()
 
     @property

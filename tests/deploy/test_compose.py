@@ -1,0 +1,248 @@
+"""docker-compose.yml for real: the five services and Prometheus in containers, driven with the docker SDK.
+
+The stack runs as its own compose project (never a user's `splitrl` stack), sized for two
+cores: Catch at 36x36, width 256, small updates. Prometheus is the compose file's, scraping
+for real; its port is published on 127.0.0.1 only, and every request here goes there or to
+the Docker engine. Grafana is left out: no Grafana image can be had on the project's machines
+(DESIGN.md §6); instead every dashboard panel's query is run against this Prometheus.
+
+Needs the images `splitrl:latest` and $PROMETHEUS_IMAGE (default prom/prometheus:v2.53.2)
+already built or pulled; .ci/run builds both (docker/README.md says how).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.deploy.conftest import REPO, load_script, missing, tool
+
+pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
+
+PROJECT = "splitrl-deploytest"
+SERVICES = ["replay", "inference", "learner", "edge-encoder", "environment", "prometheus"]
+LINKS = {
+    "env-encoder",
+    "encoder-inference",
+    "inference-replay",
+    "replay-learner",
+    "learner-inference",
+    "learner-encoder",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Stack:
+    """One compose project: `compose(...)` runs the CLI, `container(name)` gives the SDK's object."""
+
+    def __init__(self, client: Any, environ: dict[str, str]) -> None:
+        self.client = client
+        self.environ = environ
+        self.prometheus = f"http://127.0.0.1:{environ['PROMETHEUS_PORT']}"
+
+    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        command = ["docker", "compose", "--project-name", PROJECT, "--file", str(REPO / "docker-compose.yml"), *args]
+        return subprocess.run(command, env=self.environ, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def container(self, service: str) -> Any:
+        found = self.client.containers.list(
+            all=True,
+            filters={"label": [f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]},
+        )
+        assert len(found) == 1, f"expected one {service} container, found {len(found)}"
+        return found[0]
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        url = f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+        with urllib.request.urlopen(url, timeout=10) as response:
+            reply = json.load(response)
+        assert reply["status"] == "success", reply
+        return list(reply["data"]["result"])
+
+    def value(self, promql: str) -> float:
+        """The single value of a query that returns one series (0.0 when it returns none yet)."""
+        result = self.query(promql)
+        return float(result[0]["value"][1]) if result else 0.0
+
+    def logs(self) -> str:
+        return self.compose("logs", "--no-color", "--tail", "40", timeout=60).stdout
+
+
+def wait_for(what: str, condition: Callable[[], bool], stack: Stack, timeout_s: float = 240) -> None:
+    """Poll `condition` every 2 s until true; fail with the services' logs after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(2)
+    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{stack.logs()}")
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    tool("docker")
+    import docker  # the SDK; imported here so that collection works without it
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as error:
+        missing(f"no Docker engine answers: {error}")
+    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0:
+        missing("the Docker Compose v2 plugin is not installed (`docker compose version` fails)")
+    prometheus_image = os.environ.get("PROMETHEUS_IMAGE", "prom/prometheus:v2.53.2")
+    for image in (os.environ.get("SPLITRL_IMAGE", "splitrl:latest"), prometheus_image):
+        try:
+            client.images.get(image)
+        except docker.errors.ImageNotFound:
+            missing(f"image {image} is not built (see docker/README.md)")
+    environ = os.environ | {
+        "PROMETHEUS_IMAGE": prometheus_image,
+        "PROMETHEUS_PORT": str(free_port()),
+        "GRAFANA_PORT": str(free_port()),
+        "SPLITRL_MODE": "split",
+        "SPLITRL_ENV": "splitrl/Catch-v0",
+        "SPLITRL_FRAME_SIZE": "36",
+        "SPLITRL_WIDTH": "256",
+        "SPLITRL_NUM_ENVS": "4",
+        "SPLITRL_UNROLL_LENGTH": "16",
+        "SPLITRL_CHUNKS_PER_UPDATE": "4",
+        "SPLITRL_EPOCHS": "2",
+        "SPLITRL_CHECKPOINT_EVERY": "2",
+    }
+    stack = Stack(client, environ)
+    stack.compose("down", "--volumes", "--timeout", "10")  # leftovers of an interrupted run
+    started = stack.compose("up", "--detach", "--wait", "--no-build", *SERVICES, timeout=400)
+    try:
+        assert started.returncode == 0, f"compose up failed:\n{started.stderr}\n{stack.logs()}"
+        yield stack
+    finally:
+        stopped = stack.compose("down", "--volumes", "--timeout", "20", timeout=180)
+        client.close()
+        assert stopped.returncode == 0, stopped.stderr
+
+
+def test_env_steps_and_learner_updates_advance(stack: Stack) -> None:
+    wait_for("two learner updates", lambda: stack.value("sum(splitrl_learner_updates_total)") >= 2, stack)
+    steps = stack.value("sum(splitrl_env_steps_total)")
+    updates = stack.value("sum(splitrl_learner_updates_total)")
+    wait_for(
+        "env steps and learner updates to advance further",
+        lambda: (
+            stack.value("sum(splitrl_env_steps_total)") > steps
+            and stack.value("sum(splitrl_learner_updates_total)") > updates
+        ),
+        stack,
+    )
+
+
+def test_prometheus_scraped_every_service_and_every_link(stack: Stack) -> None:
+    jobs = {"environment", "edge-encoder", "inference", "replay", "learner"}
+    wait_for(
+        "every service's scrape target up",
+        lambda: {s["metric"]["job"] for s in stack.query("up == 1")} >= jobs,
+        stack,
+    )
+    wait_for(
+        "splitrl_link_bytes_total > 0 for all six links",
+        lambda: {s["metric"]["link"] for s in stack.query("sum by (link) (splitrl_link_bytes_total) > 0")} == LINKS,
+        stack,
+    )
+    # The services that have a mode say which, so rules can label WAN bytes by mode.
+    modes = {s["metric"]["job"]: s["metric"]["mode"] for s in stack.query('splitrl_run_info{mode!=""}')}
+    assert modes == {"edge-encoder": "split", "inference": "split", "learner": "split"}
+
+
+def test_every_dashboard_query_returns_data(stack: Stack) -> None:
+    check = load_script("deploy/grafana/check-dashboards.py")
+    path = REPO / "deploy" / "grafana" / "dashboards" / "splitrl-network.json"
+    dashboard = json.loads(path.read_text())
+    # Recording rules and rate windows need a minute of samples; the per-mode rule is the last to fill.
+    wait_for(
+        "the WAN-bytes-per-step recording rules",
+        lambda: bool(stack.query("splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m")),
+        stack,
+        timeout_s=180,
+    )
+    problems: list[str] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        problems = check.run_queries(path, dashboard, stack.prometheus, require_data=True)
+        if not problems:
+            break
+        time.sleep(5)
+    assert problems == []
+    per_phase = {
+        s["metric"]["phase"]: float(s["value"][1])
+        for s in stack.query('splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m{mode="split"}')
+    }
+    assert per_phase.get("rollout", 0) > 0 and per_phase.get("training", 0) > 0, per_phase
+
+
+def test_networks_let_only_the_edge_encoder_cross(stack: Stack) -> None:
+    networks = {
+        service: set(stack.container(service).attrs["NetworkSettings"]["Networks"])
+        for service in ("environment", "edge-encoder", "inference", "replay", "learner")
+    }
+    edge, cloud = f"{PROJECT}_edge", f"{PROJECT}_cloud"
+    assert networks == {
+        "environment": {edge},
+        "edge-encoder": {edge, cloud},
+        "inference": {cloud},
+        "replay": {cloud},
+        "learner": {cloud},
+    }
+    # The image's health probe is a real gRPC call: it works over the designed links only.
+    encoder, environment = stack.container("edge-encoder"), stack.container("environment")
+    for address in ("inference:50052", "learner:50054"):
+        assert encoder.exec_run(["grpc-health-check", address]).exit_code == 0
+        assert environment.exec_run(["grpc-health-check", address]).exit_code != 0
+    assert environment.exec_run(["grpc-health-check", "edge-encoder:50051"]).exit_code == 0
+
+
+def test_restarting_the_edge_encoder_and_the_learner_resumes_training(stack: Stack) -> None:
+    encoder = stack.container("edge-encoder")
+    encoder.restart(timeout=20)
+    encoder.reload()
+    assert encoder.status == "running"
+    # The environment's stream broke with the encoder; Docker restarts it (restart: on-failure),
+    # it redials, and env steps flow again (rate() spans counter resets).
+    wait_for(
+        "env steps after the edge-encoder restart",
+        lambda: (
+            stack.value("sum(rate(splitrl_env_steps_total[20s]))") > 0
+            and stack.container("environment").status == "running"
+        ),
+        stack,
+    )
+
+    learner = stack.container("learner")
+    version_before = stack.value('max(splitrl_policy_version{job="learner"})')
+    assert version_before >= 2
+    learner.stop(timeout=30)  # SIGTERM: the learner checkpoints on the way out
+    learner.start()
+    # version - updates is the version a learner process started from: 0 for a fresh one, the
+    # checkpointed version for one that resumed from its volume.
+    wait_for(
+        "the restarted learner to train on from its checkpoint",
+        lambda: (
+            stack.value('sum(splitrl_learner_updates_total{job="learner"})') >= 1
+            and stack.value('max(splitrl_policy_version{job="learner"} - splitrl_learner_updates_total{job="learner"})')
+            >= version_before
+        ),
+        stack,
+    )

@@ -1,0 +1,708 @@
+"""k8s/ checked offline: every overlay renders, passes strict schema validation, and keeps the design.
+
+No API server can run here (DESIGN.md §6), so `kubectl kustomize` renders each overlay,
+`kubernetes-validate --strict` checks the schemas, and the rest are checks over the
+rendered objects: selectors, ports, probes, the addresses services dial, the settings the
+services accept, hardening, volumes, placement, NetworkPolicy (a small evaluator) and
+Prometheus scraping (a small relabelling simulator).
+
+Without kubectl, kubernetes-validate or promtool these tests skip; with
+SPLITRL_REQUIRE_DEPLOY_TOOLS=1 (as in CI) they fail instead (tests/deploy/conftest.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from splitrl.cli.args import settings_from_args
+from tests.deploy.conftest import REPO, missing, tool
+
+pytestmark = pytest.mark.deploy
+
+K8S = REPO / "k8s"
+OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").is_file())
+NAMESPACE = "splitrl"
+APP = "app.kubernetes.io/name"
+TIER = "splitrl.io/tier"
+EDGE_POOL = "splitrl.io/pool"
+# kinds without a schema in kubernetes-validate (CRDs), allowed only in components
+CRD_KINDS = {"PodMonitor"}
+# The oldest Kubernetes the manifests are checked against (gRPC probes are GA since 1.27).
+OLDEST_KUBERNETES = (1, 29)
+
+# Pods under the NetworkPolicy, by app label.
+SPLITRL_APPS = {"edge", "inference", "replay", "learner"}
+# DESIGN.md §2 by who opens the connection: (dialling app, dialled app, port).
+DESIGNED_LINKS = {
+    ("edge", "inference", 50052),  # encoder-inference (WAN)
+    ("edge", "learner", 50054),  # learner-encoder (WAN)
+    ("inference", "replay", 50053),  # inference-replay
+    ("learner", "replay", 50053),  # replay-learner
+    ("learner", "inference", 50052),  # learner-inference
+}
+# env-encoder runs inside the edge pod, over loopback.
+LOOPBACK_LINKS = {("edge", "environment", "edge-encoder", 50051)}
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
+IANA_SVC_NAME = re.compile(r"(?=.{1,15}$)(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]*[a-z0-9])?")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering and validation
+
+
+@pytest.fixture(scope="module")
+def render():
+    """Render a kustomization directory with `kubectl kustomize`, once per directory."""
+    kubectl = tool("kubectl")
+    rendered: dict[Path, str] = {}
+
+    def _render(directory: Path) -> str:
+        if directory not in rendered:
+            result = subprocess.run(
+                [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60, check=False
+            )
+            assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
+            rendered[directory] = result.stdout
+        return rendered[directory]
+
+    return _render
+
+
+@pytest.fixture(scope="module")
+def validate_command() -> list[str]:
+    """kubernetes-validate, strict, against the oldest supported and the newest known Kubernetes."""
+    if importlib.util.find_spec("kubernetes_validate") is None:
+        missing("kubernetes-validate is not installed (a dev dependency)")
+    from kubernetes_validate import utils
+
+    known = sorted({tuple(int(part) for part in v.split(".")[:2]) for v in utils.all_versions()})
+    oldest = next((v for v in known if v >= OLDEST_KUBERNETES), known[-1])
+    command = [sys.executable, "-m", "kubernetes_validate", "--strict", "--quiet"]
+    for major, minor in sorted({oldest, known[-1]}):
+        command += ["--kubernetes-version", f"{major}.{minor}"]
+    return command
+
+
+def _validate(command: list[str], text: str, path: Path) -> str:
+    # A file, not stdin: kubernetes-validate reads its input once per version.
+    path.write_text(text)
+    result = subprocess.run([*command, str(path)], capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    return output
+
+
+def _overlay_with_components(directory: Path, components: list[str]) -> Path:
+    """A throwaway overlay: the base plus the given components, by relative path (as a user's overlay would)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "apiVersion: kustomize.config.k8s.io/v1beta1",
+        "kind: Kustomization",
+        "resources:",
+        f"  - {os.path.relpath(K8S / 'base', directory)}",
+        "components:",
+        *(f"  - {os.path.relpath(K8S / 'components' / name, directory)}" for name in components),
+    ]
+    (directory / "kustomization.yaml").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_passes_strict_schema_validation(overlay, render, validate_command, tmp_path):
+    output = _validate(validate_command, render(K8S / "overlays" / overlay), tmp_path / f"{overlay}.yaml")
+    # An unknown kind or apiVersion is only a WARN (exit 0) to kubernetes-validate.
+    assert "WARN" not in output, output
+
+
+@pytest.mark.parametrize("component", COMPONENTS)
+def test_component_renders_with_the_base_and_validates(component, render, validate_command, tmp_path):
+    manifest = Manifest(render(_overlay_with_components(tmp_path / "overlay", [component])))
+    base = Manifest(render(K8S / "base"))
+    known = [o for o in manifest.objects if o["kind"] not in CRD_KINDS]
+    assert len(manifest.objects) > len(base.objects), f"component {component} added nothing"
+    output = _validate(validate_command, yaml.safe_dump_all(known), tmp_path / "known.yaml")
+    assert "WARN" not in output, output
+    for obj in manifest.objects:
+        assert obj["metadata"].get("namespace", NAMESPACE) == NAMESPACE, f"{_name(obj)} outside the namespace"
+
+
+def test_podmonitor_component_scrapes_what_the_bundled_prometheus_scrapes(render, tmp_path):
+    manifest = Manifest(render(_overlay_with_components(tmp_path / "overlay", ["podmonitor"])))
+    [monitor] = manifest.of_kind("PodMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    selected = [pod for pod in manifest.pods if _selects(monitor["spec"]["selector"], pod.labels)]
+    assert {pod.app for pod in selected} == SPLITRL_APPS
+    metrics_ports = {
+        port["name"]
+        for pod in selected
+        for container in pod.splitrl_containers
+        for port in container.get("ports", [])
+        if port["containerPort"] == int(manifest.env(container)["SPLITRL_METRICS_PORT"])
+    }
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    assert {e["port"] for e in endpoints} == metrics_ports
+    for endpoint in endpoints:
+        relabelled = {
+            r["targetLabel"]: r["sourceLabels"] for r in endpoint.get("relabelings", []) if "targetLabel" in r
+        }
+        assert relabelled.get("job") == relabelled.get("service") == ["__meta_kubernetes_pod_container_name"]
+    # An operator-managed Prometheus lives in another namespace: the component lets it in,
+    # to the metrics ports only.
+    operator = Peer("monitoring", {APP: "prometheus"}, ())
+    for pod in selected:
+        peer = Peer.of(pod)
+        for name, number, _ in peer.ports:
+            assert _allowed(manifest, operator, peer, number) == (name in metrics_ports), (pod.app, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The rendered objects
+
+
+@dataclass(frozen=True)
+class PodTemplate:
+    workload: dict
+
+    @property
+    def spec(self) -> dict:
+        return self.workload["spec"]["template"]["spec"]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return self.workload["spec"]["template"]["metadata"].get("labels", {})
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return self.workload["spec"]["template"]["metadata"].get("annotations", {})
+
+    @property
+    def app(self) -> str:
+        return self.labels[APP]
+
+    @property
+    def containers(self) -> list[dict]:
+        return self.spec["containers"]
+
+    @property
+    def splitrl_containers(self) -> list[dict]:
+        """Containers running `splitrl serve <service>` (the image name is the overlay's to choose)."""
+        return [c for c in self.containers if c.get("args", [])[:1] == ["serve"]]
+
+
+class Manifest:
+    def __init__(self, text: str) -> None:
+        self.objects: list[dict] = [o for o in yaml.safe_load_all(text) if o]
+
+    def of_kind(self, *kinds: str) -> list[dict]:
+        return [o for o in self.objects if o["kind"] in kinds]
+
+    def get(self, kind: str, name: str) -> dict:
+        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+        return found[0]
+
+    @cached_property
+    def pods(self) -> list[PodTemplate]:
+        return [PodTemplate(w) for w in self.of_kind("Deployment", "StatefulSet", "DaemonSet")]
+
+    def pod(self, app: str) -> PodTemplate:
+        [pod] = [p for p in self.pods if p.app == app]
+        return pod
+
+    def env(self, container: dict) -> dict[str, str]:
+        """The container's literal environment as the kubelet builds it: envFrom in order, then env."""
+        env: dict[str, str] = {}
+        for source in container.get("envFrom", []):
+            assert "configMapRef" in source, f"{container['name']}: only ConfigMap envFrom is modelled"
+            data = self.get("ConfigMap", source["configMapRef"]["name"]).get("data", {})
+            env.update({source.get("prefix", "") + k: v for k, v in data.items()})
+        for var in container.get("env", []):
+            if "value" in var:
+                env[var["name"]] = var["value"]
+            else:
+                env.pop(var["name"], None)
+        return env
+
+
+def _name(obj: dict) -> str:
+    return f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A LabelSelector (matchLabels + matchExpressions); {} selects everything."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for e in selector.get("matchExpressions", []):
+        key, op, values = e["key"], e["operator"], e.get("values", [])
+        if not {
+            "In": key in labels and labels.get(key) in values,
+            "NotIn": labels.get(key) not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]:
+            return False
+    return True
+
+
+def _service_pods(manifest: Manifest, service: dict) -> list[PodTemplate]:
+    return [p for p in manifest.pods if _selects({"matchLabels": service["spec"]["selector"]}, p.labels)]
+
+
+def _settings_model(service: str) -> type:
+    # splitrl.<service>.settings.<Service>Settings, as `splitrl serve <service>` uses it
+    module = importlib.import_module(f"splitrl.{service.replace('-', '_')}.settings")
+    return getattr(module, "".join(part.capitalize() for part in service.split("-")) + "Settings")
+
+
+@pytest.fixture(scope="module", params=OVERLAYS)
+def manifest(request, render) -> Manifest:
+    return Manifest(render(K8S / "overlays" / request.param))
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure
+
+
+def test_selectors_match_their_pod_templates(manifest):
+    for pod in manifest.pods:
+        assert _selects(pod.workload["spec"]["selector"], pod.labels), _name(pod.workload)
+    for service in manifest.of_kind("Service"):
+        assert _service_pods(manifest, service), f"{_name(service)} selects no pod"
+    for stateful in manifest.of_kind("StatefulSet"):
+        governing = manifest.get("Service", stateful["spec"]["serviceName"])
+        assert PodTemplate(stateful) in _service_pods(manifest, governing)
+
+
+def test_service_target_ports_are_declared_by_the_selected_pods(manifest):
+    for service in manifest.of_kind("Service"):
+        for port in service["spec"]["ports"]:
+            target = port.get("targetPort", port["port"])
+            for pod in _service_pods(manifest, service):
+                declared = [p for c in pod.containers for p in c.get("ports", [])]
+                key = "name" if isinstance(target, str) else "containerPort"
+                assert any(p.get(key) == target for p in declared), f"{_name(service)} -> {pod.app}:{target}"
+
+
+def test_container_ports_are_unique_named_and_probed(manifest):
+    for pod in manifest.pods:
+        ports = [p for c in pod.containers for p in c.get("ports", [])]
+        names, numbers = [p["name"] for p in ports], [p["containerPort"] for p in ports]
+        # containers of a pod share one network namespace, and Prometheus picks ports by name
+        assert len(set(names)) == len(names) and len(set(numbers)) == len(numbers), (pod.app, ports)
+        for name in names:
+            assert IANA_SVC_NAME.fullmatch(name), f"{pod.app}: port name {name!r} is no IANA_SVC_NAME"
+        for container in pod.containers:
+            own = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                probe = container.get(kind)
+                if probe is None:
+                    continue
+                [handler] = [probe[h] for h in ("grpc", "httpGet", "tcpSocket", "exec") if h in probe]
+                if "port" in handler:
+                    port = handler["port"]
+                    assert port in (own if isinstance(port, str) else own.values()), (pod.app, container["name"], kind)
+
+
+def test_splitrl_containers_accept_their_settings_and_serve_on_declared_ports(manifest):
+    for pod in manifest.pods:
+        for container in pod.splitrl_containers:
+            service = container["args"][1]
+            where = f"{pod.app}/{container['name']}"
+            # the container name becomes Prometheus's `job`, as the compose service name does
+            assert container["name"] == service, where
+            env = manifest.env(container)
+            settings = settings_from_args(_settings_model(service), argparse.Namespace(), env)
+            assert settings.host == "0.0.0.0", f"{where}: probes and scrapes come from outside the pod"
+            own = {p["containerPort"]: p["name"] for p in container.get("ports", [])}
+            assert re.fullmatch(r"(.+-)?grpc", own.get(settings.port, "")), f"{where}: gRPC port {settings.port}"
+            assert re.fullmatch(r"(.+-)?metrics", own.get(settings.metrics_port, "")), f"{where}: metrics port"
+            for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert container[kind]["grpc"]["port"] == settings.port, f"{where}: {kind}"
+            # Every dialled address is set here: a default (127.0.0.1) would dial the pod itself.
+            for field in _settings_model(service).model_fields:
+                if field.endswith("_address"):
+                    assert f"SPLITRL_{field.upper()}" in env, f"{where}: SPLITRL_{field.upper()} unset"
+
+
+def test_service_specific_settings_are_known_to_the_service(manifest):
+    """A misspelt SPLITRL_ variable would be ignored silently; only the run-wide ConfigMap may carry extras."""
+    for pod in manifest.pods:
+        for container in pod.splitrl_containers:
+            model = _settings_model(container["args"][1])
+            known = {f"SPLITRL_{field.upper()}" for field in model.model_fields}
+            specific = {v["name"] for v in container.get("env", []) if v["name"].startswith("SPLITRL_")}
+            for source in container.get("envFrom", []):
+                name = source["configMapRef"]["name"]
+                if not re.fullmatch(r"splitrl-run(-[a-z0-9]+)?", name):  # kustomize appends a hash
+                    specific |= set(manifest.get("ConfigMap", name).get("data", {}))
+            assert specific <= known, f"{container['name']}: {sorted(specific - known)}"
+
+
+def test_dialled_addresses_resolve_and_are_the_designed_links(manifest):
+    dialled, loopback = set(), set()
+    for pod in manifest.pods:
+        for container in pod.splitrl_containers:
+            for key, address in manifest.env(container).items():
+                if not re.fullmatch(r"SPLITRL_\w+_ADDRESS", key):
+                    continue
+                host, port = address.rsplit(":", 1)
+                where = f"{pod.app}/{container['name']} {key}={address}"
+                if host in LOOPBACK_HOSTS:
+                    [peer] = [
+                        c
+                        for c in pod.splitrl_containers
+                        if c is not container and int(manifest.env(c)["SPLITRL_PORT"]) == int(port)
+                    ]
+                    loopback.add((pod.app, container["name"], peer["name"], int(port)))
+                    continue
+                name, _, rest = host.partition(".")
+                assert rest in ("", NAMESPACE, f"{NAMESPACE}.svc", f"{NAMESPACE}.svc.cluster.local"), where
+                service = manifest.get("Service", name)
+                [service_port] = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
+                target = service_port.get("targetPort", service_port["port"])
+                for target_pod in _service_pods(manifest, service):
+                    # the port the Service forwards to is the gRPC port of the service behind it
+                    serving = [
+                        c
+                        for c in target_pod.splitrl_containers
+                        for p in c["ports"]
+                        if target in (p["name"], p["containerPort"])
+                        and p["containerPort"] == int(manifest.env(c)["SPLITRL_PORT"])
+                    ]
+                    assert serving, where
+                    dialled.add((pod.app, target_pod.app, int(port)))
+    assert dialled == DESIGNED_LINKS
+    assert loopback == LOOPBACK_LINKS
+
+
+def test_pods_are_hardened_and_bounded(manifest):
+    for pod in manifest.pods:
+        pod_security = pod.spec.get("securityContext", {})
+        for container in pod.containers:
+            where = f"{pod.app}/{container['name']}"
+            security = {**pod_security, **container.get("securityContext", {})}
+            assert security.get("runAsNonRoot") is True and security.get("runAsUser", 0) != 0, where
+            assert security.get("readOnlyRootFilesystem") is True, where
+            assert security.get("allowPrivilegeEscalation") is False, where
+            assert "ALL" in security.get("capabilities", {}).get("drop", []), where
+            assert security.get("seccompProfile", {}).get("type") == "RuntimeDefault", where
+            resources = container.get("resources", {})
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(resources.get(bound, {})), f"{where}: {bound}"
+        volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+        for container in pod.splitrl_containers:
+            # a read-only root needs somewhere to write: its own emptyDir /tmp
+            [tmp] = [m for m in container.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
+            assert "emptyDir" in volumes[tmp["name"]], f"{pod.app}/{container['name']}"
+
+
+def _persistent_mounts(manifest: Manifest, pod: PodTemplate, container: dict) -> dict[str, dict]:
+    """mountPath -> the PVC spec behind it, for PVC-backed mounts (claims or volumeClaimTemplates)."""
+    claims = {
+        v["name"]: v["persistentVolumeClaim"]["claimName"]
+        for v in pod.spec.get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
+    templates = {t["metadata"]["name"]: t["spec"] for t in pod.workload["spec"].get("volumeClaimTemplates", [])}
+    mounts = {}
+    for mount in container.get("volumeMounts", []):
+        if mount["name"] in claims:
+            mounts[mount["mountPath"]] = manifest.get("PersistentVolumeClaim", claims[mount["name"]])["spec"]
+        elif mount["name"] in templates:
+            mounts[mount["mountPath"]] = templates[mount["name"]]
+    return mounts
+
+
+def test_replay_and_learner_keep_their_state_on_persistent_volumes(manifest):
+    for app in ("replay", "learner"):
+        pod = manifest.pod(app)
+        [container] = pod.splitrl_containers
+        assert _persistent_mounts(manifest, pod, container), f"{app} has no PVC-backed mount"
+        assert pod.spec["securityContext"].get("fsGroup"), f"{app}: its volume must be writable by the non-root user"
+    learner = manifest.pod("learner")
+    [container] = learner.splitrl_containers
+    checkpoints = manifest.env(container)["SPLITRL_CHECKPOINT_DIR"]
+    assert checkpoints in _persistent_mounts(manifest, learner, container)
+    for pod in manifest.pods:
+        if pod.workload["kind"] != "Deployment":
+            continue
+        for container in pod.containers:
+            if any("ReadWriteOnce" in s["accessModes"] for s in _persistent_mounts(manifest, pod, container).values()):
+                # a rolling update would start a second pod that cannot mount the volume
+                assert pod.workload["spec"].get("replicas", 1) == 1, pod.app
+                assert pod.workload["spec"]["strategy"]["type"] == "Recreate", pod.app
+
+
+def _tolerates_edge(pod: PodTemplate) -> bool:
+    return any(
+        t.get("key") == EDGE_POOL and t.get("effect") in ("NoSchedule", None) and t.get("value") in ("edge", None)
+        for t in pod.spec.get("tolerations", [])
+    )
+
+
+def _kept_off_edge(pod: PodTemplate) -> bool:
+    terms = (
+        pod.spec.get("affinity", {})
+        .get("nodeAffinity", {})
+        .get("requiredDuringSchedulingIgnoredDuringExecution", {})
+        .get("nodeSelectorTerms", [])
+    )
+    # terms are ORed: every one of them must exclude the edge pool
+    return bool(terms) and all(
+        any(
+            e["key"] == EDGE_POOL and e["operator"] == "NotIn" and "edge" in e["values"]
+            for e in t.get("matchExpressions", [])
+        )
+        for t in terms
+    )
+
+
+def test_edge_cloud_places_edges_on_the_edge_pool_and_the_rest_off_it(render):
+    manifest = Manifest(render(K8S / "overlays" / "edge-cloud"))
+    edge = manifest.pod("edge")
+    assert edge.spec.get("nodeSelector") == {EDGE_POOL: "edge"}
+    assert _tolerates_edge(edge)
+    assert edge.workload["spec"]["replicas"] > 1
+    others = [pod for pod in manifest.pods if pod.app != "edge"]
+    assert {pod.app for pod in others} >= {"inference", "replay", "learner", "prometheus"}
+    for pod in others:
+        assert _kept_off_edge(pod), f"{pod.app} may land on an edge node"
+        assert not _tolerates_edge(pod), pod.app
+
+
+def test_single_cluster_runs_one_edge_anywhere(render):
+    manifest = Manifest(render(K8S / "overlays" / "single-cluster"))
+    assert manifest.pod("edge").workload["spec"]["replicas"] == 1
+    for pod in manifest.pods:
+        assert not pod.spec.get("nodeSelector") and not pod.spec.get("affinity"), pod.app
+
+
+# ---------------------------------------------------------------------------------------------
+# NetworkPolicy: a small evaluator of the rules as the API defines them (no ipBlock)
+
+
+@dataclass(frozen=True)
+class Peer:
+    namespace: str
+    labels: Mapping[str, str]
+    ports: tuple[tuple[str, int, str], ...]  # (name, number, protocol) of its containers
+
+    @classmethod
+    def of(cls, pod: PodTemplate) -> Peer:
+        ports = tuple(
+            (p["name"], p["containerPort"], p.get("protocol", "TCP"))
+            for c in pod.containers
+            for p in c.get("ports", [])
+        )
+        return cls(NAMESPACE, pod.labels, ports)
+
+
+def _policy_types(spec: dict) -> list[str]:
+    return spec.get("policyTypes") or (["Ingress", "Egress"] if "egress" in spec else ["Ingress"])
+
+
+def _rule_ports_match(ports: list[dict] | None, destination: Peer, number: int, protocol: str) -> bool:
+    if not ports:
+        return True
+    for p in ports:
+        if p.get("protocol", "TCP") != protocol:
+            continue
+        port = p.get("port")
+        if port is None:
+            return True
+        if isinstance(port, int) and port <= number <= p.get("endPort", port):
+            return True
+        if isinstance(port, str) and (port, number, protocol) in destination.ports:
+            return True
+    return False
+
+
+def _rule_peers_match(peers: list[dict] | None, policy_namespace: str, other: Peer) -> bool:
+    if not peers:
+        return True
+    for peer in peers:
+        assert "ipBlock" not in peer, "the evaluator does not model ipBlock"
+        if "namespaceSelector" in peer:
+            in_namespace = _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": other.namespace})
+        else:
+            in_namespace = other.namespace == policy_namespace
+        if in_namespace and _selects(peer.get("podSelector", {}), other.labels):
+            return True
+    return False
+
+
+def _one_end_allows(policies: list[dict], direction: str, subject: Peer, other: Peer, destination: Peer, port, proto):
+    selecting = [
+        p
+        for p in policies
+        if p["metadata"].get("namespace", NAMESPACE) == subject.namespace
+        and _selects(p["spec"]["podSelector"], subject.labels)
+        and direction in _policy_types(p["spec"])
+    ]
+    if not selecting:
+        return True  # not isolated in this direction
+    rules, peers = ("egress", "to") if direction == "Egress" else ("ingress", "from")
+    return any(
+        _rule_ports_match(rule.get("ports"), destination, port, proto)
+        and _rule_peers_match(rule.get(peers), policy["metadata"].get("namespace", NAMESPACE), other)
+        for policy in selecting
+        for rule in policy["spec"].get(rules, [])
+    )
+
+
+def _allowed(manifest: Manifest, source: Peer, destination: Peer, port: int, protocol: str = "TCP") -> bool:
+    """Whether a connection from `source` to `destination`:port is let out of one and into the other."""
+    policies = manifest.of_kind("NetworkPolicy")
+    return _one_end_allows(policies, "Egress", source, destination, destination, port, protocol) and _one_end_allows(
+        policies, "Ingress", destination, source, destination, port, protocol
+    )
+
+
+def test_network_policies_allow_exactly_the_designed_links(manifest):
+    pods = {pod.app: Peer.of(pod) for pod in manifest.pods}
+    assert set(pods) >= SPLITRL_APPS | {"prometheus"}
+    outsider = Peer("default", {}, ())
+    allowed, expected = set(), set()
+    for source_app, source in [*pods.items(), ("outsider", outsider)]:
+        for app in SPLITRL_APPS:
+            for name, number, protocol in pods[app].ports:
+                if _allowed(manifest, source, pods[app], number, protocol):
+                    allowed.add((source_app, app, number))
+                if (source_app, app, number) in DESIGNED_LINKS or (
+                    source_app == "prometheus" and name.endswith("metrics")
+                ):
+                    expected.add((source_app, app, number))
+    assert allowed == expected, (
+        f"allowed but not designed: {allowed - expected}; designed but denied: {expected - allowed}"
+    )
+    # spelled out: no edge reaches replay, nothing dials the learner but edges, edges not each other
+    assert not _allowed(manifest, pods["edge"], pods["replay"], 50053)
+    assert not _allowed(manifest, pods["inference"], pods["learner"], 50054)
+    assert not _allowed(manifest, pods["edge"], pods["edge"], 50051)
+    kube_dns = Peer("kube-system", {"k8s-app": "kube-dns"}, (("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")))
+    internet = Peer("elsewhere", {}, (("https", 443, "TCP"),))
+    for app in SPLITRL_APPS:
+        assert _allowed(manifest, pods[app], kube_dns, 53, "UDP") and _allowed(manifest, pods[app], kube_dns, 53), app
+        assert not _allowed(manifest, pods[app], internet, 443), app
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus: the scrape config run over the rendered pods, as pod discovery would feed it
+
+
+def _relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | None:
+    """Prometheus relabelling for the actions k8s/ uses; None when the target is dropped."""
+    labels = dict(labels)
+    for config in configs:
+        action = config.get("action", "replace")
+        value = config.get("separator", ";").join(labels.get(s, "") for s in config.get("source_labels", []))
+        match = re.fullmatch(config.get("regex", "(.*)"), value)
+        if action not in ("keep", "drop", "replace"):
+            raise AssertionError(f"relabel action {action!r} is not modelled here")
+        if (action == "keep" and not match) or (action == "drop" and match):
+            return None
+        if action == "replace" and match:
+            # Go's $1 / ${1} in Python's \g<1>
+            template = re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", str(config.get("replacement", "$1")))
+            labels[config["target_label"]] = match.expand(template)
+    return {k: v for k, v in labels.items() if v}
+
+
+def _pod_sd_targets(pod: PodTemplate, job: str) -> Iterator[dict[str, str]]:
+    """What kubernetes_sd role=pod yields for a running pod: one target per container port."""
+
+    def clean(name: str) -> str:
+        return re.sub(r"[^a-zA-Z0-9_]", "_", name)
+
+    common = {
+        "job": job,
+        "__metrics_path__": "/metrics",
+        "__meta_kubernetes_namespace": NAMESPACE,
+        "__meta_kubernetes_pod_name": f"{pod.workload['metadata']['name']}-0",
+        "__meta_kubernetes_pod_phase": "Running",
+        **{f"__meta_kubernetes_pod_label_{clean(k)}": v for k, v in pod.labels.items()},
+        **{f"__meta_kubernetes_pod_annotation_{clean(k)}": v for k, v in pod.annotations.items()},
+    }
+    for container in pod.containers:
+        for port in container.get("ports", []):
+            yield {
+                **common,
+                "__address__": f"10.0.0.1:{port['containerPort']}",
+                "__meta_kubernetes_pod_container_name": container["name"],
+                "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
+                "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
+            }
+
+
+def test_prometheus_scrapes_every_splitrl_container_once_with_compose_labels(manifest):
+    prometheus = manifest.pod("prometheus")
+    [config_volume] = [v for v in prometheus.spec["volumes"] if v["name"] == "config"]
+    files = manifest.get("ConfigMap", config_volume["configMap"]["name"])["data"]
+    config = yaml.safe_load(files["prometheus.yml"])
+    [scrape] = [s for s in config["scrape_configs"] if "kubernetes_sd_configs" in s]
+    assert [sd["role"] for sd in scrape["kubernetes_sd_configs"]] == ["pod"]
+    targets = set()
+    for pod in manifest.pods:
+        for meta in _pod_sd_targets(pod, scrape["job_name"]):
+            kept = _relabel(meta, scrape.get("relabel_configs", []))
+            if kept is not None:
+                port = int(kept["__address__"].rsplit(":", 1)[1])
+                targets.add((kept["job"], kept["service"], kept["tier"], pod.app, port))
+    expected = {
+        (c["name"], c["name"], pod.labels[TIER], pod.app, int(manifest.env(c)["SPLITRL_METRICS_PORT"]))
+        for pod in manifest.pods
+        for c in pod.splitrl_containers
+    }
+    assert targets == expected
+    # the jobs are the compose deployment's, so dashboards and rules work on both
+    compose = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    compose_jobs = {s["job_name"] for s in compose["scrape_configs"]} - {"prometheus"}
+    assert {job for job, *_ in targets} == compose_jobs
+
+
+def test_rules_are_a_copy_of_the_compose_rules():
+    """kustomize loads no file outside k8s/, so k8s/ keeps a copy: change one, copy it to the other."""
+    copy = yaml.safe_load((K8S / "base" / "prometheus" / "splitrl.rules.yml").read_text())
+    original = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules" / "splitrl.rules.yml").read_text())
+    assert copy == original, "k8s/base/prometheus/splitrl.rules.yml differs from deploy/prometheus/rules/"
+
+
+def test_prometheus_config_passes_promtool(tmp_path):
+    promtool = tool("promtool")
+    source = K8S / "base" / "prometheus"
+    shutil.copy(source / "splitrl.rules.yml", tmp_path / "splitrl.rules.yml")
+    config = yaml.safe_load((source / "prometheus.yml").read_text())
+    # the file names the rules where the pod mounts them; point it here instead
+    assert config["rule_files"] == ["/etc/prometheus/splitrl.rules.yml"]
+    config["rule_files"] = [str(tmp_path / "splitrl.rules.yml")]
+    # Debian's promtool is built without Kubernetes discovery: a static target stands in,
+    # which still has the relabelling (Go regexps) and the rules checked.
+    for scrape in config["scrape_configs"]:
+        if scrape.pop("kubernetes_sd_configs", None) is not None:
+            scrape["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
