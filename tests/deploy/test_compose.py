@@ -13,6 +13,7 @@ already built or pulled; .ci/run builds both (docker/README.md says how).
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -186,11 +187,15 @@ def test_every_dashboard_query_returns_data(stack: Stack) -> None:
             break
         time.sleep(5)
     assert problems == []
-    per_phase = {
-        s["metric"]["phase"]: float(s["value"][1])
-        for s in stack.query('splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m{mode="split"}')
-    }
-    assert per_phase.get("rollout", 0) > 0 and per_phase.get("training", 0) > 0, per_phase
+
+    def both_phases_measured() -> bool:
+        per_phase = {
+            s["metric"]["phase"]: float(s["value"][1])
+            for s in stack.query('splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m{mode="split"}')
+        }
+        return all(0 < per_phase.get(phase, 0) < math.inf for phase in ("rollout", "training"))
+
+    wait_for("WAN bytes per env step > 0 in both phases of split mode", both_phases_measured, stack, timeout_s=60)
 
 
 def test_networks_let_only_the_edge_encoder_cross(stack: Stack) -> None:
@@ -212,6 +217,11 @@ def test_networks_let_only_the_edge_encoder_cross(stack: Stack) -> None:
         assert encoder.exec_run(["grpc-health-check", address]).exit_code == 0
         assert environment.exec_run(["grpc-health-check", address]).exit_code != 0
     assert environment.exec_run(["grpc-health-check", "edge-encoder:50051"]).exit_code == 0
+
+
+def test_no_service_restarted_by_itself(stack: Stack) -> None:
+    restarts = {service: stack.container(service).attrs["RestartCount"] for service in SERVICES}
+    assert restarts == dict.fromkeys(SERVICES, 0), f"{restarts}\n{stack.logs()}"
 
 
 def test_restarting_the_edge_encoder_and_the_learner_resumes_training(stack: Stack) -> None:

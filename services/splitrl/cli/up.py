@@ -23,7 +23,6 @@ from typing import Any, Literal
 from pydantic import Field
 
 from splitrl.cli.args import flag_name
-from splitrl.cli.plots import plot_run
 from splitrl.cli.progress import Progress
 from splitrl.core import scrape
 from splitrl.core.config import EnvSettings, Mode, ObservationCodec, Settings
@@ -189,6 +188,9 @@ def run_up(settings: UpSettings) -> int:
     children: dict[str, _Child] = {}
     curve: list[dict[str, float]] = []
     interrupted = start_failed = False
+    # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
+    # supervisor's SIGINT) must still stop the run cleanly.
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
     progress = Progress(settings.steps, sys.stdout.isatty())
@@ -222,10 +224,12 @@ def run_up(settings: UpSettings) -> int:
             if name in children:
                 _stop(children[name], timeout_s=15.0)
         progress.close()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
     summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
+
     plot_run(summary, run_dir / "learning.png")
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
