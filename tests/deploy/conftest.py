@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -34,6 +35,11 @@ def tool(name: str) -> str:
         missing(f"{name} is not installed")
     assert path is not None
     return path
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run promtool (skip/fail if it is not installed); the caller checks the exit status."""
+    return subprocess.run([tool("promtool"), *args], capture_output=True, text=True, timeout=60, check=False)
 
 
 def load_script(relative: str) -> ModuleType:

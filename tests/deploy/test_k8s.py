@@ -20,25 +20,21 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
 from splitrl.cli.args import settings_from_args
-from tests.deploy.conftest import REPO, missing, tool
+from tests.deploy import kube
+from tests.deploy.conftest import REPO, missing, promtool, tool
+from tests.deploy.kube import APP, NAMESPACE, Manifest, PodTemplate
 
 pytestmark = pytest.mark.deploy
 
 K8S = REPO / "k8s"
 OVERLAYS = sorted(p.name for p in (K8S / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
 COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").is_file())
-NAMESPACE = "splitrl"
-APP = "app.kubernetes.io/name"
 TIER = "splitrl.io/tier"
 EDGE_POOL = "splitrl.io/pool"
 # kinds without a schema in kubernetes-validate (CRDs), allowed only in components
@@ -139,7 +135,7 @@ def test_component_renders_with_the_base_and_validates(component, render, valida
     output = _validate(validate_command, yaml.safe_dump_all(known), tmp_path / "known.yaml")
     assert "WARN" not in output, output
     for obj in manifest.objects:
-        assert obj["metadata"].get("namespace", NAMESPACE) == NAMESPACE, f"{_name(obj)} outside the namespace"
+        assert obj["metadata"].get("namespace", NAMESPACE) == NAMESPACE, f"{kube.name(obj)} outside the namespace"
 
 
 def test_podmonitor_component_scrapes_what_the_bundled_prometheus_scrapes(render, tmp_path):
@@ -147,7 +143,7 @@ def test_podmonitor_component_scrapes_what_the_bundled_prometheus_scrapes(render
     [monitor] = manifest.of_kind("PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["namespace"] == NAMESPACE
-    selected = [pod for pod in manifest.pods if _selects(monitor["spec"]["selector"], pod.labels)]
+    selected = [pod for pod in manifest.pods if kube.selects(monitor["spec"]["selector"], pod.labels)]
     assert {pod.app for pod in selected} == SPLITRL_APPS
     metrics_ports = {
         port["name"]
@@ -165,110 +161,11 @@ def test_podmonitor_component_scrapes_what_the_bundled_prometheus_scrapes(render
         assert relabelled.get("job") == relabelled.get("service") == ["__meta_kubernetes_pod_container_name"]
     # An operator-managed Prometheus lives in another namespace: the component lets it in,
     # to the metrics ports only.
-    operator = Peer("monitoring", {APP: "prometheus"}, ())
+    operator = kube.Peer("monitoring", {APP: "prometheus"}, ())
     for pod in selected:
-        peer = Peer.of(pod)
+        peer = kube.Peer.of(pod)
         for name, number, _ in peer.ports:
-            assert _allowed(manifest, operator, peer, number) == (name in metrics_ports), (pod.app, name)
-
-
-# ---------------------------------------------------------------------------------------------
-# The rendered objects
-
-
-@dataclass(frozen=True)
-class PodTemplate:
-    workload: dict
-
-    @property
-    def spec(self) -> dict:
-        return self.workload["spec"]["template"]["spec"]
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return self.workload["spec"]["template"]["metadata"].get("labels", {})
-
-    @property
-    def annotations(self) -> dict[str, str]:
-        return self.workload["spec"]["template"]["metadata"].get("annotations", {})
-
-    @property
-    def app(self) -> str:
-        return self.labels[APP]
-
-    @property
-    def containers(self) -> list[dict]:
-        return self.spec["containers"]
-
-    @property
-    def splitrl_containers(self) -> list[dict]:
-        """Containers running `splitrl serve <service>` (the image name is the overlay's to choose)."""
-        return [c for c in self.containers if c.get("args", [])[:1] == ["serve"]]
-
-
-class Manifest:
-    def __init__(self, text: str) -> None:
-        self.objects: list[dict] = [o for o in yaml.safe_load_all(text) if o]
-
-    def of_kind(self, *kinds: str) -> list[dict]:
-        return [o for o in self.objects if o["kind"] in kinds]
-
-    def get(self, kind: str, name: str) -> dict:
-        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
-        assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
-        return found[0]
-
-    @cached_property
-    def pods(self) -> list[PodTemplate]:
-        return [PodTemplate(w) for w in self.of_kind("Deployment", "StatefulSet", "DaemonSet")]
-
-    def pod(self, app: str) -> PodTemplate:
-        [pod] = [p for p in self.pods if p.app == app]
-        return pod
-
-    def env(self, container: dict) -> dict[str, str]:
-        """The container's literal environment as the kubelet builds it: envFrom in order, then env."""
-        env: dict[str, str] = {}
-        for source in container.get("envFrom", []):
-            assert "configMapRef" in source, f"{container['name']}: only ConfigMap envFrom is modelled"
-            data = self.get("ConfigMap", source["configMapRef"]["name"]).get("data", {})
-            env.update({source.get("prefix", "") + k: v for k, v in data.items()})
-        for var in container.get("env", []):
-            if "value" in var:
-                env[var["name"]] = var["value"]
-            else:
-                env.pop(var["name"], None)
-        return env
-
-
-def _name(obj: dict) -> str:
-    return f"{obj['kind']}/{obj['metadata']['name']}"
-
-
-def _selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A LabelSelector (matchLabels + matchExpressions); {} selects everything."""
-    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
-        return False
-    for e in selector.get("matchExpressions", []):
-        key, op, values = e["key"], e["operator"], e.get("values", [])
-        if not {
-            "In": key in labels and labels.get(key) in values,
-            "NotIn": labels.get(key) not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }[op]:
-            return False
-    return True
-
-
-def _service_pods(manifest: Manifest, service: dict) -> list[PodTemplate]:
-    return [p for p in manifest.pods if _selects({"matchLabels": service["spec"]["selector"]}, p.labels)]
-
-
-def _settings_model(service: str) -> type:
-    # splitrl.<service>.settings.<Service>Settings, as `splitrl serve <service>` uses it
-    module = importlib.import_module(f"splitrl.{service.replace('-', '_')}.settings")
-    return getattr(module, "".join(part.capitalize() for part in service.split("-")) + "Settings")
+            assert kube.allowed(manifest, operator, peer, number) == (name in metrics_ports), (pod.app, name)
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)
@@ -282,22 +179,22 @@ def manifest(request, render) -> Manifest:
 
 def test_selectors_match_their_pod_templates(manifest):
     for pod in manifest.pods:
-        assert _selects(pod.workload["spec"]["selector"], pod.labels), _name(pod.workload)
+        assert kube.selects(pod.workload["spec"]["selector"], pod.labels), kube.name(pod.workload)
     for service in manifest.of_kind("Service"):
-        assert _service_pods(manifest, service), f"{_name(service)} selects no pod"
+        assert kube.service_pods(manifest, service), f"{kube.name(service)} selects no pod"
     for stateful in manifest.of_kind("StatefulSet"):
         governing = manifest.get("Service", stateful["spec"]["serviceName"])
-        assert PodTemplate(stateful) in _service_pods(manifest, governing)
+        assert PodTemplate(stateful) in kube.service_pods(manifest, governing)
 
 
 def test_service_target_ports_are_declared_by_the_selected_pods(manifest):
     for service in manifest.of_kind("Service"):
         for port in service["spec"]["ports"]:
             target = port.get("targetPort", port["port"])
-            for pod in _service_pods(manifest, service):
+            for pod in kube.service_pods(manifest, service):
                 declared = [p for c in pod.containers for p in c.get("ports", [])]
                 key = "name" if isinstance(target, str) else "containerPort"
-                assert any(p.get(key) == target for p in declared), f"{_name(service)} -> {pod.app}:{target}"
+                assert any(p.get(key) == target for p in declared), f"{kube.name(service)} -> {pod.app}:{target}"
 
 
 def test_container_ports_are_unique_named_and_probed(manifest):
@@ -328,7 +225,7 @@ def test_splitrl_containers_accept_their_settings_and_serve_on_declared_ports(ma
             # the container name becomes Prometheus's `job`, as the compose service name does
             assert container["name"] == service, where
             env = manifest.env(container)
-            settings = settings_from_args(_settings_model(service), argparse.Namespace(), env)
+            settings = settings_from_args(kube.settings_model(service), argparse.Namespace(), env)
             assert settings.host == "0.0.0.0", f"{where}: probes and scrapes come from outside the pod"
             own = {p["containerPort"]: p["name"] for p in container.get("ports", [])}
             assert re.fullmatch(r"(.+-)?grpc", own.get(settings.port, "")), f"{where}: gRPC port {settings.port}"
@@ -336,7 +233,7 @@ def test_splitrl_containers_accept_their_settings_and_serve_on_declared_ports(ma
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
                 assert container[kind]["grpc"]["port"] == settings.port, f"{where}: {kind}"
             # Every dialled address is set here: a default (127.0.0.1) would dial the pod itself.
-            for field in _settings_model(service).model_fields:
+            for field in kube.settings_model(service).model_fields:
                 if field.endswith("_address"):
                     assert f"SPLITRL_{field.upper()}" in env, f"{where}: SPLITRL_{field.upper()} unset"
 
@@ -345,7 +242,7 @@ def test_service_specific_settings_are_known_to_the_service(manifest):
     """A misspelt SPLITRL_ variable would be ignored silently; only the run-wide ConfigMap may carry extras."""
     for pod in manifest.pods:
         for container in pod.splitrl_containers:
-            model = _settings_model(container["args"][1])
+            model = kube.settings_model(container["args"][1])
             known = {f"SPLITRL_{field.upper()}" for field in model.model_fields}
             specific = {v["name"] for v in container.get("env", []) if v["name"].startswith("SPLITRL_")}
             for source in container.get("envFrom", []):
@@ -377,7 +274,7 @@ def test_dialled_addresses_resolve_and_are_the_designed_links(manifest):
                 service = manifest.get("Service", name)
                 [service_port] = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
                 target = service_port.get("targetPort", service_port["port"])
-                for target_pod in _service_pods(manifest, service):
+                for target_pod in kube.service_pods(manifest, service):
                     # the port the Service forwards to is the gRPC port of the service behind it
                     serving = [
                         c
@@ -495,95 +392,18 @@ def test_single_cluster_runs_one_edge_anywhere(render):
 
 
 # ---------------------------------------------------------------------------------------------
-# NetworkPolicy: a small evaluator of the rules as the API defines them (no ipBlock)
-
-
-@dataclass(frozen=True)
-class Peer:
-    namespace: str
-    labels: Mapping[str, str]
-    ports: tuple[tuple[str, int, str], ...]  # (name, number, protocol) of its containers
-
-    @classmethod
-    def of(cls, pod: PodTemplate) -> Peer:
-        ports = tuple(
-            (p["name"], p["containerPort"], p.get("protocol", "TCP"))
-            for c in pod.containers
-            for p in c.get("ports", [])
-        )
-        return cls(NAMESPACE, pod.labels, ports)
-
-
-def _policy_types(spec: dict) -> list[str]:
-    return spec.get("policyTypes") or (["Ingress", "Egress"] if "egress" in spec else ["Ingress"])
-
-
-def _rule_ports_match(ports: list[dict] | None, destination: Peer, number: int, protocol: str) -> bool:
-    if not ports:
-        return True
-    for p in ports:
-        if p.get("protocol", "TCP") != protocol:
-            continue
-        port = p.get("port")
-        if port is None:
-            return True
-        if isinstance(port, int) and port <= number <= p.get("endPort", port):
-            return True
-        if isinstance(port, str) and (port, number, protocol) in destination.ports:
-            return True
-    return False
-
-
-def _rule_peers_match(peers: list[dict] | None, policy_namespace: str, other: Peer) -> bool:
-    if not peers:
-        return True
-    for peer in peers:
-        assert "ipBlock" not in peer, "the evaluator does not model ipBlock"
-        if "namespaceSelector" in peer:
-            in_namespace = _selects(peer["namespaceSelector"], {"kubernetes.io/metadata.name": other.namespace})
-        else:
-            in_namespace = other.namespace == policy_namespace
-        if in_namespace and _selects(peer.get("podSelector", {}), other.labels):
-            return True
-    return False
-
-
-def _one_end_allows(policies: list[dict], direction: str, subject: Peer, other: Peer, destination: Peer, port, proto):
-    selecting = [
-        p
-        for p in policies
-        if p["metadata"].get("namespace", NAMESPACE) == subject.namespace
-        and _selects(p["spec"]["podSelector"], subject.labels)
-        and direction in _policy_types(p["spec"])
-    ]
-    if not selecting:
-        return True  # not isolated in this direction
-    rules, peers = ("egress", "to") if direction == "Egress" else ("ingress", "from")
-    return any(
-        _rule_ports_match(rule.get("ports"), destination, port, proto)
-        and _rule_peers_match(rule.get(peers), policy["metadata"].get("namespace", NAMESPACE), other)
-        for policy in selecting
-        for rule in policy["spec"].get(rules, [])
-    )
-
-
-def _allowed(manifest: Manifest, source: Peer, destination: Peer, port: int, protocol: str = "TCP") -> bool:
-    """Whether a connection from `source` to `destination`:port is let out of one and into the other."""
-    policies = manifest.of_kind("NetworkPolicy")
-    return _one_end_allows(policies, "Egress", source, destination, destination, port, protocol) and _one_end_allows(
-        policies, "Ingress", destination, source, destination, port, protocol
-    )
+# NetworkPolicy (tests/deploy/kube.py evaluates it)
 
 
 def test_network_policies_allow_exactly_the_designed_links(manifest):
-    pods = {pod.app: Peer.of(pod) for pod in manifest.pods}
+    pods = {pod.app: kube.Peer.of(pod) for pod in manifest.pods}
     assert set(pods) >= SPLITRL_APPS | {"prometheus"}
-    outsider = Peer("default", {}, ())
+    outsider = kube.Peer("default", {}, ())
     allowed, expected = set(), set()
     for source_app, source in [*pods.items(), ("outsider", outsider)]:
         for app in SPLITRL_APPS:
             for name, number, protocol in pods[app].ports:
-                if _allowed(manifest, source, pods[app], number, protocol):
+                if kube.allowed(manifest, source, pods[app], number, protocol):
                     allowed.add((source_app, app, number))
                 if (source_app, app, number) in DESIGNED_LINKS or (
                     source_app == "prometheus" and name.endswith("metrics")
@@ -593,62 +413,20 @@ def test_network_policies_allow_exactly_the_designed_links(manifest):
         f"allowed but not designed: {allowed - expected}; designed but denied: {expected - allowed}"
     )
     # spelled out: no edge reaches replay, nothing dials the learner but edges, edges not each other
-    assert not _allowed(manifest, pods["edge"], pods["replay"], 50053)
-    assert not _allowed(manifest, pods["inference"], pods["learner"], 50054)
-    assert not _allowed(manifest, pods["edge"], pods["edge"], 50051)
-    kube_dns = Peer("kube-system", {"k8s-app": "kube-dns"}, (("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")))
-    internet = Peer("elsewhere", {}, (("https", 443, "TCP"),))
+    assert not kube.allowed(manifest, pods["edge"], pods["replay"], 50053)
+    assert not kube.allowed(manifest, pods["inference"], pods["learner"], 50054)
+    assert not kube.allowed(manifest, pods["edge"], pods["edge"], 50051)
+    kube_dns = kube.Peer("kube-system", {"k8s-app": "kube-dns"}, (("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")))
+    internet = kube.Peer("elsewhere", {}, (("https", 443, "TCP"),))
     for app in SPLITRL_APPS:
-        assert _allowed(manifest, pods[app], kube_dns, 53, "UDP") and _allowed(manifest, pods[app], kube_dns, 53), app
-        assert not _allowed(manifest, pods[app], internet, 443), app
+        assert kube.allowed(manifest, pods[app], kube_dns, 53, "UDP") and kube.allowed(
+            manifest, pods[app], kube_dns, 53
+        ), app
+        assert not kube.allowed(manifest, pods[app], internet, 443), app
 
 
 # ---------------------------------------------------------------------------------------------
-# Prometheus: the scrape config run over the rendered pods, as pod discovery would feed it
-
-
-def _relabel(labels: dict[str, str], configs: list[dict]) -> dict[str, str] | None:
-    """Prometheus relabelling for the actions k8s/ uses; None when the target is dropped."""
-    labels = dict(labels)
-    for config in configs:
-        action = config.get("action", "replace")
-        value = config.get("separator", ";").join(labels.get(s, "") for s in config.get("source_labels", []))
-        match = re.fullmatch(config.get("regex", "(.*)"), value)
-        if action not in ("keep", "drop", "replace"):
-            raise AssertionError(f"relabel action {action!r} is not modelled here")
-        if (action == "keep" and not match) or (action == "drop" and match):
-            return None
-        if action == "replace" and match:
-            # Go's $1 / ${1} in Python's \g<1>
-            template = re.sub(r"\$\{?(\d+)\}?", r"\\g<\1>", str(config.get("replacement", "$1")))
-            labels[config["target_label"]] = match.expand(template)
-    return {k: v for k, v in labels.items() if v}
-
-
-def _pod_sd_targets(pod: PodTemplate, job: str) -> Iterator[dict[str, str]]:
-    """What kubernetes_sd role=pod yields for a running pod: one target per container port."""
-
-    def clean(name: str) -> str:
-        return re.sub(r"[^a-zA-Z0-9_]", "_", name)
-
-    common = {
-        "job": job,
-        "__metrics_path__": "/metrics",
-        "__meta_kubernetes_namespace": NAMESPACE,
-        "__meta_kubernetes_pod_name": f"{pod.workload['metadata']['name']}-0",
-        "__meta_kubernetes_pod_phase": "Running",
-        **{f"__meta_kubernetes_pod_label_{clean(k)}": v for k, v in pod.labels.items()},
-        **{f"__meta_kubernetes_pod_annotation_{clean(k)}": v for k, v in pod.annotations.items()},
-    }
-    for container in pod.containers:
-        for port in container.get("ports", []):
-            yield {
-                **common,
-                "__address__": f"10.0.0.1:{port['containerPort']}",
-                "__meta_kubernetes_pod_container_name": container["name"],
-                "__meta_kubernetes_pod_container_port_name": port.get("name", ""),
-                "__meta_kubernetes_pod_container_port_number": str(port["containerPort"]),
-            }
+# Prometheus (tests/deploy/kube.py simulates pod discovery and relabelling)
 
 
 def test_prometheus_scrapes_every_splitrl_container_once_with_compose_labels(manifest):
@@ -660,8 +438,8 @@ def test_prometheus_scrapes_every_splitrl_container_once_with_compose_labels(man
     assert [sd["role"] for sd in scrape["kubernetes_sd_configs"]] == ["pod"]
     targets = set()
     for pod in manifest.pods:
-        for meta in _pod_sd_targets(pod, scrape["job_name"]):
-            kept = _relabel(meta, scrape.get("relabel_configs", []))
+        for meta in kube.pod_sd_targets(pod, scrape["job_name"]):
+            kept = kube.relabel(meta, scrape.get("relabel_configs", []))
             if kept is not None:
                 port = int(kept["__address__"].rsplit(":", 1)[1])
                 targets.add((kept["job"], kept["service"], kept["tier"], pod.app, port))
@@ -685,7 +463,6 @@ def test_rules_are_a_copy_of_the_compose_rules():
 
 
 def test_prometheus_config_passes_promtool(tmp_path):
-    promtool = tool("promtool")
     source = K8S / "base" / "prometheus"
     shutil.copy(source / "splitrl.rules.yml", tmp_path / "splitrl.rules.yml")
     config = yaml.safe_load((source / "prometheus.yml").read_text())
@@ -698,11 +475,5 @@ def test_prometheus_config_passes_promtool(tmp_path):
         if scrape.pop("kubernetes_sd_configs", None) is not None:
             scrape["static_configs"] = [{"targets": ["127.0.0.1:9400"]}]
     (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-    result = subprocess.run(
-        [promtool, "check", "config", str(tmp_path / "prometheus.yml")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    result = promtool("check", "config", str(tmp_path / "prometheus.yml"))
     assert result.returncode == 0, result.stdout + result.stderr

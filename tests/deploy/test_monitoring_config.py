@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 from pathlib import Path
 
 import yaml
 
-from tests.deploy.conftest import REPO, load_script, tool
+from tests.deploy.conftest import REPO, load_script, promtool
 
 PROMETHEUS = REPO / "deploy" / "prometheus"
-
-
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([tool("promtool"), *args], capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_promtool_accepts_the_compose_config_and_rules() -> None:
