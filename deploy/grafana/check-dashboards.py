@@ -88,6 +88,16 @@ def check_structure(path: Path, dashboard: dict) -> list[str]:
     return [f"{path.name}: {p}" for p in problems]
 
 
+def query(prometheus: str, expr: str) -> dict:
+    """Prometheus's JSON reply to an instant query; an error reply is returned, not raised."""
+    url = f"{prometheus.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return dict(json.load(response))
+    except urllib.error.HTTPError as error:
+        return dict(json.load(error))
+
+
 def run_queries(path: Path, dashboard: dict, prometheus: str, *, require_data: bool = False) -> list[str]:
     problems = []
     for panel in panels_of(dashboard):
@@ -95,12 +105,7 @@ def run_queries(path: Path, dashboard: dict, prometheus: str, *, require_data: b
             expr = target["expr"]
             for variable, value in GRAFANA_VARIABLES.items():
                 expr = expr.replace(variable, value)
-            url = f"{prometheus.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-            try:
-                with urllib.request.urlopen(url, timeout=10) as response:
-                    reply = json.load(response)
-            except urllib.error.HTTPError as error:
-                reply = json.load(error)
+            reply = query(prometheus, expr)
             if reply.get("status") != "success":
                 problems.append(f"{path.name}: {panel['title']!r}: {reply.get('error')} in {expr}")
                 continue

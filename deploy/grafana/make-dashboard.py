@@ -8,7 +8,7 @@ The panels are declared below as (title, PromQL, unit); this script adds Grafana
 boilerplate and lays them out on the 24-column grid. Every query reads only series that
 splitrl exports (services/splitrl/core/metrics.py) or that deploy/prometheus/rules/
 records; check-dashboards.py checks that, and runs every query against a real Prometheus.
-Standard library only.
+Run it with splitrl installed: the WAN links come from splitrl.core.metrics.WAN_LINKS.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from splitrl.core.metrics import WAN_LINKS
+
 OUT = Path(__file__).resolve().parent / "dashboards" / "splitrl-network.json"
 DATASOURCE = {"type": "prometheus", "uid": "prometheus"}  # provisioning/datasources/prometheus.yml
-WAN = 'link=~"encoder-inference|learner-encoder"'
+WAN = f'link=~"{"|".join(sorted(WAN_LINKS))}"'
 RATE = "[$__rate_interval]"
 
 

@@ -18,8 +18,6 @@ import os
 import socket
 import subprocess
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +29,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
 PROJECT = "splitrl-deploytest"
 SERVICES = ["replay", "inference", "learner", "edge-encoder", "environment", "prometheus"]
+DASHBOARDS = load_script("deploy/grafana/check-dashboards.py")
 LINKS = {
     "env-encoder",
     "encoder-inference",
@@ -68,9 +67,7 @@ class Stack:
         return found[0]
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=10) as response:
-            reply = json.load(response)
+        reply = DASHBOARDS.query(self.prometheus, promql)
         assert reply["status"] == "success", reply
         return list(reply["data"]["result"])
 
@@ -169,7 +166,6 @@ def test_prometheus_scraped_every_service_and_every_link(stack: Stack) -> None:
 
 
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:
-    check = load_script("deploy/grafana/check-dashboards.py")
     path = REPO / "deploy" / "grafana" / "dashboards" / "splitrl-network.json"
     dashboard = json.loads(path.read_text())
     # Recording rules and rate windows need a minute of samples; the per-mode rule is the last to fill.
@@ -179,14 +175,13 @@ def test_every_dashboard_query_returns_data(stack: Stack) -> None:
         stack,
         timeout_s=180,
     )
-    problems: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        problems = check.run_queries(path, dashboard, stack.prometheus, require_data=True)
-        if not problems:
-            break
-        time.sleep(5)
-    assert problems == []
+    # run_queries prints each query's series count: the captured output names an empty panel.
+    wait_for(
+        "every dashboard query to return data",
+        lambda: DASHBOARDS.run_queries(path, dashboard, stack.prometheus, require_data=True) == [],
+        stack,
+        timeout_s=120,
+    )
 
     def both_phases_measured() -> bool:
         per_phase = {
