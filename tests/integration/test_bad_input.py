@@ -67,6 +67,15 @@ async def expect_status(code: grpc.StatusCode, coroutine) -> str:
     return raised.value.details()
 
 
+@pytest.mark.parametrize("codec", wire.FLOAT_CODECS)
+async def test_split_inference_accepts_activations_in_every_float_codec(cloud_side, codec):
+    _, _, channel = cloud_side
+    request = act_request()
+    request.observations.CopyFrom(wire.encode_float(torch.rand(2, WIDTH), codec))
+    response = await one_exchange(channel, request)
+    assert wire.decode(response.actions).shape == (2,)
+
+
 async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(cloud_side):
     inference, _, channel = cloud_side
     details = await expect_status(
@@ -83,7 +92,15 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
     [
         (lambda r: r.observations.ClearField("shape") or r.observations.shape.extend([2, 1000]), "shape"),
         (lambda r: setattr(r.observations, "dtype", 99), "unsupported tensor dtype"),
-        (lambda r: setattr(r.observations, "dtype", wire.DType.DTYPE_FLOAT16), "expected DTYPE_BFLOAT16"),
+        (lambda r: setattr(r.observations, "dtype", wire.DType.DTYPE_INT64), "DTYPE_INT64 is not a float encoding"),
+        (
+            lambda r: (
+                r.observations.CopyFrom(wire.encode_float(torch.rand(2, WIDTH), "int8+zstd"))
+                or r.observations.row_scale.__setitem__(1, float("inf"))
+            ),
+            "row_scale holds a negative, NaN or Inf",
+        ),
+        (lambda r: setattr(r.observations, "compression", wire.Compression.COMPRESSION_ZSTD), "not a zstd frame"),
         (lambda r: r.observations.shape.__setitem__(0, -2), "negative"),
         (lambda r: setattr(r, "sequence", 5), "sequence is 5, expected 0"),
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
@@ -100,6 +117,8 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         "wrong-width",
         "unknown-dtype",
         "wrong-dtype",
+        "bad-row-scale",
+        "not-zstd",
         "negative-dim",
         "out-of-order",
         "ragged",

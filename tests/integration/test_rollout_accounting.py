@@ -17,7 +17,13 @@ MAX_OVERHEAD_BYTES = 64
 
 
 @pytest.fixture(
-    params=[("split", "frame"), ("split-accumulate", "frame"), ("cloud", "frame"), ("cloud", "stack-bf16")],
+    params=[
+        ("split", "frame"),
+        ("split-accumulate", "frame"),
+        ("cloud", "frame"),
+        ("cloud", "frame+zstd"),
+        ("cloud", "stack-bf16"),
+    ],
     ids=lambda p: f"{p[0]}-{p[1]}",
 )
 async def finished_run(request):
@@ -48,6 +54,7 @@ def test_wan_bytes_per_step_match_the_codec(finished_run):
     payload, per_env_bytes, per_env_elements = (
         {
             "frame": ("observation", FRAME, FRAME),
+            "frame+zstd": ("observation", FRAME, FRAME),
             "stack-bf16": ("observation", 4 * FRAME * 2, 4 * FRAME),
         }[codec]
         if mode == "cloud"
@@ -57,8 +64,12 @@ def test_wan_bytes_per_step_match_the_codec(finished_run):
     vector_steps = STEPS // NUM_ENVS
     assert sent["messages"] == vector_steps
     assert sent["elements"] == vector_steps * NUM_ENVS * per_env_elements
-    overhead = sent["bytes"] / vector_steps - NUM_ENVS * per_env_bytes
-    assert 0 < overhead <= MAX_OVERHEAD_BYTES, f"{overhead} bytes of overhead per message"
+    if codec == "frame+zstd" and mode == "cloud":
+        # The fast env's frames are mostly background: zstd packs a 2-env message into a small fraction.
+        assert sent["bytes"] / vector_steps < NUM_ENVS * per_env_bytes / 10, sent
+    else:
+        overhead = sent["bytes"] / vector_steps - NUM_ENVS * per_env_bytes
+        assert 0 < overhead <= MAX_OVERHEAD_BYTES, f"{overhead} bytes of overhead per message"
     assert set(uplink) == {payload, "action"}, "nothing else crosses the WAN during rollout"
     actions = uplink["action"]["sent"]
     assert actions["messages"] == vector_steps and actions["elements"] == vector_steps * NUM_ENVS

@@ -110,3 +110,27 @@ async def test_learner_sends_priorities_to_a_prioritized_table():
         assert sum(updated) > 0
     finally:
         await stack.stop()
+
+
+async def test_quantized_codecs_halve_the_naive_split_training_traffic_and_still_train_the_encoder():
+    # int8 activations up and fp8 gradients down: one byte per number instead of bf16's two.
+    learner = {**LEARNER, "gradient_codec": "fp8"}
+    stack = await Stack.start(
+        "split",
+        num_envs=2,
+        steps=0,
+        unroll_length=UNROLL,
+        width=WIDTH,
+        learner=learner,
+        edge={"activation_codec": "int8"},
+    )
+    try:
+        await stack.wait_learner_done()
+        texts = stack.scrape()
+        sent = training_wan_bytes(texts)
+        predicted = TRAINED_SAMPLES * SPLIT_BYTES_PER_SAMPLE / 2
+        assert sent == pytest.approx(predicted, rel=0.05), f"{sent} B vs predicted {predicted} B"
+        assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") > 0
+        assert scrape.total([texts["learner"]], "splitrl_rejected_requests_total") == 0
+    finally:
+        await stack.stop()

@@ -25,6 +25,7 @@ TORCH_DTYPES = {
     "int64": torch.int64,
     "float16": torch.float16,
     "bool": torch.bool,
+    "float8_e4m3fn": torch.float8_e4m3fn,
 }
 #: An integer dtype of the same size, to compare bit patterns (NaN payloads included).
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

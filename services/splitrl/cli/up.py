@@ -25,7 +25,7 @@ from pydantic import Field
 from splitrl.cli.args import flag_name
 from splitrl.cli.progress import Progress
 from splitrl.core import scrape
-from splitrl.core.config import EnvSettings, Mode, ObservationCodec, Settings
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
 from splitrl.core.metrics import WAN_LINKS
 
 START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
@@ -35,7 +35,15 @@ class UpSettings(EnvSettings, Settings):
     """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
 
     mode: Mode = Field("split", description="Training mode: cloud, split or split-accumulate.")
-    codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec: frame or stack-bf16.")
+    codec: ObservationCodec = Field(
+        "frame", description="Cloud mode's observation codec: frame, frame+zstd or stack-bf16."
+    )
+    activation_codec: FloatCodec = Field(
+        "bf16", description="Split modes: activation codec on the WAN: bf16, int8 or fp8, optionally +zstd."
+    )
+    gradient_codec: FloatCodec = Field(
+        "bf16", description="Split modes: gradient codec on the WAN: bf16, int8 or fp8, optionally +zstd."
+    )
     steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
     num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
     action_repeat: int = Field(1, ge=1, le=16, description="Times each action is repeated.")
@@ -115,6 +123,7 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
             "learning_rate": settings.learning_rate,
             "correction": settings.correction,
             "encoder_fraction": settings.encoder_fraction,
+            "gradient_codec": settings.gradient_codec,
         }
     if name == "edge-encoder":
         return {
@@ -124,6 +133,7 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
             "learner_address": address("learner"),
             "mode": settings.mode,
             "codec": settings.codec,
+            "activation_codec": settings.activation_codec,
             "seed": settings.seed,
         }
     return {

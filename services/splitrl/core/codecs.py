@@ -19,8 +19,14 @@ EDGE_ID_METADATA_KEY = "splitrl-edge-id"
 
 
 def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:
-    """The codec an edge in `mode` uses: activations in split modes, the chosen observation codec in cloud."""
-    return codec if mode == "cloud" else "activation"
+    """What an edge in `mode` streams: activations in split modes, frames or frame stacks in cloud.
+
+    Compression and quantization are not part of it: every Tensor describes its own (splitrl.core.wire),
+    so inference accepts `frame` and `frame+zstd` alike, and any activation codec.
+    """
+    if mode != "cloud":
+        return "activation"
+    return "stack-bf16" if codec == "stack-bf16" else "frame"
 
 
 def payload_of(codec: StreamCodec) -> Payload:
@@ -30,10 +36,13 @@ def payload_of(codec: StreamCodec) -> Payload:
 
 def expected_observation(
     codec: StreamCodec, num_envs: int | None, frame_stack: int, frame_size: int, width: int
-) -> tuple[int, Sequence[int | None]]:
-    """(dtype, shape) an ActRequest's `observations` must have; None in the shape matches any size."""
+) -> tuple[int | None, Sequence[int | None]]:
+    """(dtype, shape) an ActRequest's `observations` must have; None in the shape matches any size.
+
+    Activations may come in any float codec (dtype None: see wire.decode_float).
+    """
     if codec == "activation":
-        return DType.DTYPE_BFLOAT16, (num_envs, width)
+        return None, (num_envs, width)
     if codec == "frame":
         return DType.DTYPE_UINT8, (num_envs, frame_size, frame_size)
     return DType.DTYPE_BFLOAT16, (num_envs, frame_stack, frame_size, frame_size)

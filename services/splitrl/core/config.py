@@ -15,8 +15,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Mode = Literal["cloud", "split", "split-accumulate"]
-#: How cloud mode sends observations over the WAN (DESIGN.md §3).
-ObservationCodec = Literal["frame", "stack-bf16"]
+#: How cloud mode sends observations over the WAN (DESIGN.md §3): the newest uint8 frame (stacked in the
+#: cloud), the same zstd-compressed (the strong baseline), or the research's bf16 frame stack.
+ObservationCodec = Literal["frame", "frame+zstd", "stack-bf16"]
+#: How a float tensor (activations, gradients) crosses a link: bfloat16, int8 or float8 (e4m3) with one
+#: float32 scale per row, each optionally zstd-compressed (splitrl.core.wire.encode_float).
+FloatCodec = Literal["bf16", "int8", "fp8", "bf16+zstd", "int8+zstd", "fp8+zstd"]
 
 
 class Settings(BaseModel):

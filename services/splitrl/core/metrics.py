@@ -13,6 +13,7 @@ payload are drawn from the fixed sets below.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from google.protobuf.message import Message
@@ -39,13 +40,20 @@ def tensor_elements(message: Message) -> int:
 
     Counted from the bytes each tensor carries (len(data) / itemsize), which equals
     product(shape) for every valid tensor and cannot be inflated or made negative
-    by a forged shape; a tensor of unknown dtype counts 0.
+    by a forged shape; a tensor of unknown dtype counts 0. A compressed tensor counts
+    product(shape), clipped to what the wire's size limit allows (a forged shape is
+    refused by decoding, and cannot count more than a valid tensor could).
     """
     if isinstance(message, tensor_pb2.Tensor):
         try:
-            return len(message.data) // wire.itemsize(message.dtype)
+            itemsize = wire.itemsize(message.dtype)
         except wire.WireError:
             return 0
+        if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
+            return len(message.data) // itemsize
+        if any(dim < 0 for dim in message.shape):
+            return 0
+        return min(math.prod(message.shape), wire.DEFAULT_MAX_TENSOR_BYTES // itemsize)
     total = 0
     for field, value in message.ListFields():
         if field.message_type is None:

@@ -1,10 +1,13 @@
 """Tensor <-> bytes: the only module that touches raw tensor bytes.
 
 A `splitrl.v1.Tensor` holds a dtype, a shape and the elements as row-major,
-little-endian bytes. `encode` builds one from a torch tensor or numpy array;
-`decode` checks every invariant before it trusts the bytes and raises
-`WireError` (a ValueError) naming the mismatch. Servers turn WireError into
-gRPC INVALID_ARGUMENT (see splitrl.core.rpc).
+little-endian bytes, optionally zstd-compressed, and for quantized tensors one
+float32 scale per row. `encode` builds one from a torch tensor or numpy array;
+`encode_float` puts a float tensor on the wire with a `FloatCodec` (bf16, int8,
+fp8, each optionally +zstd). `decode` checks every invariant before it trusts
+the bytes and raises `WireError` (a ValueError) naming the mismatch;
+`decode_float` also undoes quantization. Servers turn WireError into gRPC
+INVALID_ARGUMENT (see splitrl.core.rpc).
 """
 
 from __future__ import annotations
@@ -13,14 +16,22 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 import numpy as np
 import torch
+import zstandard
 
+from splitrl.core.config import FloatCodec
 from splitrl.v1 import tensor_pb2
 
 Tensor = tensor_pb2.Tensor
 DType = tensor_pb2.DType
+Compression = tensor_pb2.Compression
+
+FLOAT_CODECS: tuple[str, ...] = get_args(FloatCodec)
+#: zstd level for every compressed tensor: level 3 is zstd's default speed/ratio balance.
+ZSTD_LEVEL = 3
 
 #: Default upper bound on one tensor's data, in bytes (64 MiB). gRPC's own
 #: message limit is set separately (splitrl.core.rpc); this bound stops a
@@ -49,7 +60,12 @@ _DTYPES: dict[int, _DTypeInfo] = {
     DType.DTYPE_INT64: _DTypeInfo(torch.int64, 8),
     DType.DTYPE_FLOAT16: _DTypeInfo(torch.float16, 2),
     DType.DTYPE_BOOL: _DTypeInfo(torch.bool, 1),
+    DType.DTYPE_FLOAT8_E4M3FN: _DTypeInfo(torch.float8_e4m3fn, 1),
 }
+#: Quantized dtypes and the largest magnitude a row is scaled to (int8 keeps -128 unused: symmetric).
+_QUANTIZED_LIMIT: dict[int, float] = {DType.DTYPE_INT8: 127.0, DType.DTYPE_FLOAT8_E4M3FN: 448.0}
+_FLOAT_DTYPES = frozenset({DType.DTYPE_BFLOAT16, DType.DTYPE_FLOAT16, DType.DTYPE_FLOAT32, DType.DTYPE_FLOAT8_E4M3FN})
+_CODEC_DTYPES = {"bf16": DType.DTYPE_BFLOAT16, "int8": DType.DTYPE_INT8, "fp8": DType.DTYPE_FLOAT8_E4M3FN}
 _BY_TORCH: dict[torch.dtype, int] = {info.torch_dtype: code for code, info in _DTYPES.items()}
 
 #: Wire dtype names as used in configuration ("bfloat16", "uint8", ...).
@@ -77,8 +93,11 @@ def _info(dtype: int) -> _DTypeInfo:
     return info
 
 
-def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None) -> Tensor:
-    """Encode a tensor; with `dtype`, convert to that wire dtype first (e.g. float32 -> bfloat16)."""
+def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compress: bool = False) -> Tensor:
+    """Encode a tensor; with `dtype`, convert to that wire dtype first (e.g. float32 -> bfloat16).
+
+    `compress` packs the bytes as one zstd frame (level ZSTD_LEVEL) that records its content size.
+    """
     tensor = _from_numpy(value) if isinstance(value, np.ndarray) else value
     tensor = tensor.detach().cpu()
     if dtype is not None:
@@ -87,9 +106,54 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None) -> Tensor
     if code is None:
         raise WireError(f"cannot encode torch dtype {tensor.dtype}; supported: {sorted(DTYPE_NAMES)}")
     tensor = tensor.contiguous()
-    # numpy has no bfloat16: reinterpret 2-byte types as int16 to reach the raw bytes.
-    raw = tensor.view(torch.int16) if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
-    return Tensor(dtype=code, shape=list(tensor.shape), data=raw.numpy().tobytes())  # type: ignore[arg-type]
+    # numpy has no bfloat16 or float8: reinterpret them as same-size integers to reach the raw bytes.
+    raw = tensor
+    if tensor.dtype in (torch.bfloat16, torch.float16):
+        raw = tensor.view(torch.int16)
+    elif tensor.dtype == torch.float8_e4m3fn:
+        raw = tensor.view(torch.uint8)
+    data = raw.numpy().tobytes()
+    if not compress:
+        return Tensor(dtype=code, shape=list(tensor.shape), data=data)  # type: ignore[arg-type]
+    packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+    return Tensor(
+        dtype=code,  # type: ignore[arg-type]
+        shape=list(tensor.shape),
+        data=packed,
+        compression=Compression.COMPRESSION_ZSTD,
+    )
+
+
+def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
+    """Put a float tensor of rank >= 1 on the wire with `codec` (one of FLOAT_CODECS).
+
+    bf16 rounds to bfloat16. int8 and fp8 scale each row (outermost dimension) so its largest
+    magnitude becomes 127 (int8, rounded) or 448 (float8 e4m3), and send the scales as float32
+    `row_scale`; an all-zero row gets scale 0. "+zstd" compresses the elements. NaN or Inf cannot
+    be quantized: WireError.
+    """
+    precision, _, packing = codec.partition("+")
+    if precision not in _CODEC_DTYPES or packing not in ("", "zstd"):
+        raise ValueError(f"unknown float codec {codec!r}; expected one of {list(FLOAT_CODECS)}")
+    compress = packing == "zstd"
+    dtype = _CODEC_DTYPES[precision]
+    if dtype == DType.DTYPE_BFLOAT16:
+        return encode(value, dtype, compress=compress)
+    if value.dim() == 0:
+        raise WireError(f"codec {codec!r} scales per row and needs a tensor of rank >= 1, got a scalar")
+    rows = value.detach().cpu().float().reshape(value.shape[0], math.prod(value.shape[1:]))
+    if not bool(torch.isfinite(rows).all()):
+        raise WireError(f"cannot quantize a tensor holding NaN or Inf with codec {codec!r}")
+    limit = _QUANTIZED_LIMIT[dtype]
+    scale = rows.abs().amax(dim=1) / limit if rows.numel() else torch.zeros(rows.shape[0])
+    scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    if dtype == DType.DTYPE_INT8:
+        quantized = scaled.round().clamp(-limit, limit).to(torch.int8)
+    else:
+        quantized = scaled.clamp(-limit, limit).to(torch.float8_e4m3fn)
+    message = encode(quantized.reshape(value.shape), compress=compress)
+    message.row_scale.extend(scale.tolist())
+    return message
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
@@ -132,13 +196,60 @@ def validate(
     expected_bytes = math.prod(shape) * info.itemsize
     if expected_bytes > max_bytes:
         raise WireError(f"tensor of shape {shape} needs {expected_bytes} bytes, over the limit of {max_bytes}")
-    if len(message.data) != expected_bytes:
+    _check_row_scale(message, shape)
+    if message.compression == Compression.COMPRESSION_ZSTD:
+        _check_zstd_header(message.data, expected_bytes)
+    elif message.compression != Compression.COMPRESSION_NONE:
+        raise WireError(f"unknown tensor compression {message.compression}; expected NONE or ZSTD")
+    elif len(message.data) != expected_bytes:
         raise WireError(
             f"tensor data is {len(message.data)} bytes but shape {shape} x {info.itemsize} bytes "
             f"({DType.Name(message.dtype)}) needs {expected_bytes}"
         )
-    if message.dtype == DType.DTYPE_BOOL and message.data and max(message.data) > 1:
-        raise WireError(f"bool tensor holds byte value {max(message.data)}; only 0 and 1 are valid")
+    if message.dtype == DType.DTYPE_BOOL and message.compression == Compression.COMPRESSION_NONE:
+        _check_bool(message.data)
+
+
+def _check_row_scale(message: Tensor, shape: list[int]) -> None:
+    if not message.row_scale:
+        return
+    if message.dtype not in _QUANTIZED_LIMIT:
+        raise WireError(f"row_scale is set on a {DType.Name(message.dtype)} tensor; only INT8 and FLOAT8 take it")
+    if not shape or len(message.row_scale) != shape[0]:
+        raise WireError(f"row_scale has {len(message.row_scale)} entries for shape {shape}; expected one per row")
+    if not all(math.isfinite(s) and s >= 0 for s in message.row_scale):
+        raise WireError("row_scale holds a negative, NaN or Inf scale")
+
+
+def _check_zstd_header(data: bytes, expected_bytes: int) -> None:
+    """Cheap checks on a zstd frame before anything is decompressed: it parses and declares the right size."""
+    try:
+        declared = zstandard.frame_content_size(data)
+    except zstandard.ZstdError as error:
+        raise WireError(f"tensor data is not a zstd frame: {error}") from None
+    if declared not in (-1, expected_bytes):  # -1: size not recorded; decompression is bounded instead
+        raise WireError(f"zstd frame declares {declared} bytes but the shape needs {expected_bytes}")
+
+
+def _check_bool(data: bytes) -> None:
+    if data and max(data) > 1:
+        raise WireError(f"bool tensor holds byte value {max(data)}; only 0 and 1 are valid")
+
+
+def _elements(message: Tensor, expected_bytes: int) -> bytes:
+    """The element bytes of a validated message, decompressed; exactly `expected_bytes` long."""
+    if message.compression == Compression.COMPRESSION_NONE:
+        return message.data
+    try:
+        # max_output_size bounds the allocation when the frame does not record its size.
+        data = zstandard.ZstdDecompressor().decompress(message.data, max_output_size=max(expected_bytes, 1))
+    except zstandard.ZstdError as error:
+        raise WireError(f"tensor data does not decompress: {error}") from None
+    if len(data) != expected_bytes:
+        raise WireError(f"tensor data decompresses to {len(data)} bytes but the shape needs {expected_bytes}")
+    if message.dtype == DType.DTYPE_BOOL:
+        _check_bool(data)
+    return data
 
 
 def decode(
@@ -148,15 +259,46 @@ def decode(
     expect_dtype: int | None = None,
     expect_shape: Sequence[int | None] | None = None,
 ) -> torch.Tensor:
-    """Validate (see `validate`) and return a fresh, writable torch tensor of the message's dtype."""
+    """Validate (see `validate`) and return a fresh, writable torch tensor of the message's dtype.
+
+    A quantized tensor comes back as its int8 / float8 elements; `decode_float` applies the scales.
+    """
     validate(message, max_bytes=max_bytes, expect_dtype=expect_dtype, expect_shape=expect_shape)
     info = _DTYPES[message.dtype]
     shape = tuple(message.shape)
-    if not message.data:
+    data = _elements(message, math.prod(shape) * info.itemsize)
+    if not data:
         return torch.empty(shape, dtype=info.torch_dtype)
     # bytearray makes the one copy that gives torch a writable buffer it owns.
-    flat = torch.frombuffer(bytearray(message.data), dtype=info.torch_dtype)
+    flat = torch.frombuffer(bytearray(data), dtype=info.torch_dtype)
     return flat.reshape(shape)
+
+
+def decode_float(
+    message: Tensor,
+    *,
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+    expect_shape: Sequence[int | None] | None = None,
+) -> torch.Tensor:
+    """Decode a float tensor sent with any FloatCodec (or plain float16/float32) as float32.
+
+    Quantized elements are multiplied by their row's scale. Raises WireError for a tensor that is
+    not a float encoding (e.g. int8 without row_scale) or that holds NaN or Inf.
+    """
+    _info(message.dtype)  # an unknown dtype is reported as such
+    # int8 is a float encoding only with its scales (an empty batch has none to carry).
+    scaled_int8 = message.dtype == DType.DTYPE_INT8 and (bool(message.row_scale) or message.shape[:1] == [0])
+    if message.dtype not in _FLOAT_DTYPES and not scaled_int8:
+        raise WireError(
+            f"tensor dtype {DType.Name(message.dtype)} is not a float encoding (bf16, fp16, fp32, or int8/fp8 with row_scale)"
+        )
+    values = decode(message, max_bytes=max_bytes, expect_shape=expect_shape).float()
+    if message.row_scale:
+        scale = torch.tensor(list(message.row_scale), dtype=torch.float32)
+        values = (values.reshape(len(scale), -1) * scale[:, None]).reshape(values.shape)
+    if not bool(torch.isfinite(values).all()):
+        raise WireError("tensor holds NaN or Inf")
+    return values
 
 
 def num_elements(message: Tensor) -> int:

@@ -2,7 +2,8 @@
 
 For every vector step it updates the env's frame stacks and forwards what the
 mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
-the newest uint8 frame / the bf16 stack (cloud). Actions come back the same way.
+the newest uint8 frame / the bf16 stack (cloud).
+Activations use the configured float codec (bf16, int8, fp8, optionally +zstd). Actions come back the same way.
 
 In split modes it also keeps each step's frame stack by step id and dials the
 learner (`learner_link`), which trains the encoder through it. All encoder work
@@ -45,8 +46,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     def __init__(self, settings: EdgeEncoderSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        # The codec matters only in cloud mode (split modes send bf16 activations).
-        metrics.run.info({"mode": settings.mode} | ({"codec": settings.codec} if settings.mode == "cloud" else {}))
+        wan_codec = settings.codec if settings.mode == "cloud" else settings.activation_codec
+        metrics.run.info({"mode": settings.mode, "codec": wan_codec})
         self.env_meter = LinkMeter(metrics, "env-encoder")
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
@@ -61,6 +62,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             metrics,
             learning_rate=settings.encoder_learning_rate,
             max_grad_norm=settings.encoder_max_grad_norm,
+            activation_codec=settings.activation_codec,
         )
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
         self.learner_link = LearnerLink(
@@ -133,7 +135,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
         encoder_version = 0
         if self.codec == "frame":
-            observations = wire.encode(frames)
+            observations = wire.encode(frames, compress=self.settings.codec == "frame+zstd")
         else:
             stacks = stream.stacker.push(frames, episode_start)
             if self.codec == "stack-bf16":
@@ -154,11 +156,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         )
 
     def _encode(self, step_ids: list[int], stacks: torch.Tensor) -> tuple[wire.Tensor, int]:
-        """On the compute thread: remember the stacks for training, return (bf16 activations, encoder version)."""
+        """On the compute thread: remember the stacks for training, return (encoded activations, encoder version)."""
         self.store.put(step_ids, stacks)
         self.metrics.observation_store_size.set(len(self.store))
         with torch.no_grad():
-            return wire.encode(self.encoder(stacks), wire.DType.DTYPE_BFLOAT16), self.trainer.version
+            activations = self.encoder(stacks)
+        return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
 
 
 class _EnvStream:

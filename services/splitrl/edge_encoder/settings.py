@@ -4,7 +4,7 @@ import socket
 
 from pydantic import Field
 
-from splitrl.core.config import EnvSettings, Mode, ObservationCodec, ServerSettings
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, ServerSettings
 
 
 class EdgeEncoderSettings(ServerSettings, EnvSettings):
@@ -13,7 +13,14 @@ class EdgeEncoderSettings(ServerSettings, EnvSettings):
     inference_address: str = Field("127.0.0.1:50052", description="host:port of inference (the edge dials out).")
     mode: Mode = Field("split", description="Training mode: what crosses the WAN (see DESIGN.md §3).")
     codec: ObservationCodec = Field(
-        "frame", description="Cloud mode only: 'frame' (one uint8 frame per step) or 'stack-bf16' (research)."
+        "frame",
+        description="Cloud mode only: 'frame' (one uint8 frame per step), 'frame+zstd' (compressed) "
+        "or 'stack-bf16' (the research's accounting).",
+    )
+    activation_codec: FloatCodec = Field(
+        "bf16",
+        description="Split modes: how activations cross the WAN (rollout and training): bf16, int8 or fp8 "
+        "(per-row scale), each optionally +zstd.",
     )
     seed: int = Field(0, ge=0, description="Seed of the encoder's initial weights (must match the learner's).")
     edge_id: str = Field(

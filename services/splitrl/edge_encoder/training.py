@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from splitrl.core import wire
+from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -69,8 +70,10 @@ class EncoderTrainer:
         *,
         learning_rate: float,
         max_grad_norm: float,
+        activation_codec: FloatCodec = "bf16",
     ) -> None:
         self.encoder = encoder
+        self.activation_codec: FloatCodec = activation_codec
         self.store = store
         self.metrics = metrics
         self.max_grad_norm = max_grad_norm
@@ -95,18 +98,16 @@ class EncoderTrainer:
                 self._graphs.popitem(last=False)
         return training_pb2.Activations(
             request_id=request.request_id,
-            activations=wire.encode(rows.detach(), wire.DType.DTYPE_BFLOAT16),
+            activations=wire.encode_float(rows.detach(), self.activation_codec),
             missing_step_ids=missing,
             encoder_version=self.version,
         )
 
     def apply(self, message: training_pb2.EncoderGradients) -> training_pb2.GradientsApplied:
         """Backpropagate the gradients through the encoder and take one optimizer step."""
-        gradients = wire.decode(message.gradients, expect_dtype=wire.DType.DTYPE_BFLOAT16)
+        gradients = wire.decode_float(message.gradients)  # any float codec; NaN / Inf refused
         if gradients.dim() != 2 or gradients.shape[1] != self.encoder.width:
             raise BadRequest(f"EncoderGradients.gradients has shape {list(gradients.shape)}; expected [n, width]")
-        if not bool(torch.isfinite(gradients).all()):
-            raise BadRequest("EncoderGradients.gradients holds NaN or Inf")
         if message.step_ids:  # split-accumulate: recompute the forward pass from the stored stacks
             step_ids = list(message.step_ids)
             if len(step_ids) != gradients.shape[0]:

@@ -45,7 +45,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     def __init__(self, settings: InferenceSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        # The codec matters only in cloud mode (split modes send bf16 activations).
+        # The observation codec matters only in cloud mode; edges choose their activation codec.
         metrics.run.info({"mode": settings.mode} | ({"codec": settings.codec} if settings.mode == "cloud" else {}))
         self.meter = LinkMeter(metrics, "encoder-inference")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
@@ -90,15 +90,17 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     ) -> AsyncIterator[rollout_pb2.ActResponse]:
         metadata = dict(context.invocation_metadata() or ())
         codec = metadata.get(codecs.CODEC_METADATA_KEY)
-        if codec != self.codec:
-            raise Refused(
-                f"this inference serves {self.settings.mode!r} mode and expects codec {self.codec!r}; "
-                f"the stream announced {codec!r}"
-            )
         stream = _EdgeStream(self.settings, self.codec)
         self.batcher.open_streams += 1
         try:
             async for request in request_iterator:
+                # Refused only once the first request is read: ending the call while the edge is still
+                # writing it would make the edge see INTERNAL ("Internal error from Core"), not this reason.
+                if codec != self.codec:
+                    raise Refused(
+                        f"this inference serves {self.settings.mode!r} mode and expects codec {self.codec!r}; "
+                        f"the stream announced {codec!r}"
+                    )
                 self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.codec))
                 observations = stream.policy_input(request)
                 decisions = await self.batcher.submit(observations)
@@ -147,7 +149,10 @@ class _EdgeStream:
         """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
         s = self.settings
         dtype, shape = codecs.expected_observation(self.codec, self.num_envs, s.frame_stack, s.frame_size, s.width)
-        observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
+        if dtype is None:  # activations, in any float codec; NaN / Inf refused
+            observations = wire.decode_float(request.observations, expect_shape=shape).to(torch.bfloat16)
+        else:
+            observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
         n = observations.shape[0]
         if n == 0:
             raise BadRequest("ActRequest.observations has no envs")
@@ -160,8 +165,6 @@ class _EdgeStream:
             raise BadRequest("ActRequest.rewards holds NaN or Inf")
         if (request.step_ids and max(request.step_ids) >= 2**63) or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest.step_ids / encoder_version must be below 2**63")
-        if self.codec == "activation" and not bool(torch.isfinite(observations).all()):
-            raise BadRequest("ActRequest.observations holds NaN or Inf activations")
         first = self.num_envs is None
         self.num_envs = n
         self.next_sequence += 1

@@ -11,7 +11,9 @@ class InferenceSettings(ServerSettings, EnvSettings):
     replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where trajectories go.")
     replay_table: str = Field("rollouts", description="Replay table trajectories are inserted into.")
     mode: Mode = Field("split", description="Training mode; decides which streams inference accepts.")
-    codec: ObservationCodec = Field("frame", description="Cloud mode only: the observation codec edges use.")
+    codec: ObservationCodec = Field(
+        "frame", description="Cloud mode only: the observation codec edges use (frame and frame+zstd both work)."
+    )
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")
     max_wait_ms: float = Field(
         2.0, ge=0, description="Longest a request waits for others to join its batch (ms), unless all streams are in."

@@ -21,6 +21,7 @@ import grpc
 import torch
 
 from splitrl.core import wire
+from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.step_ids import MAX_PREFIX, prefix_of
@@ -61,8 +62,11 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
 
     service_name = training_pb2.DESCRIPTOR.services_by_name["EncoderTraining"].full_name
 
-    def __init__(self, metrics: Metrics, width: int, *, max_encoder_lag: int) -> None:
+    def __init__(
+        self, metrics: Metrics, width: int, *, max_encoder_lag: int, gradient_codec: FloatCodec = "bf16"
+    ) -> None:
         self.metrics = metrics
+        self.gradient_codec: FloatCodec = gradient_codec
         self.meter = LinkMeter(metrics, "learner-encoder")
         self.width = width
         self.max_encoder_lag = max_encoder_lag
@@ -184,11 +188,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             missing = set(reply.activations.missing_step_ids)
             answered = positions[torch.tensor([i not in missing for i in ids], dtype=torch.bool)]
             try:
-                rows = wire.decode(
-                    reply.activations.activations,
-                    expect_dtype=wire.DType.DTYPE_BFLOAT16,
-                    expect_shape=[len(answered), self.width],
-                )
+                rows = wire.decode_float(reply.activations.activations, expect_shape=[len(answered), self.width])
             except wire.WireError as error:
                 log.warning("edge prefix %d sent unusable activations (%s); rows skipped", prefix, error)
                 continue
@@ -203,7 +203,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         for prefix, request_id, positions in ticket.parts:
             message = training_pb2.LearnerMessage(
                 gradients=training_pb2.EncoderGradients(
-                    request_id=request_id, gradients=wire.encode(gradients[positions], wire.DType.DTYPE_BFLOAT16)
+                    request_id=request_id, gradients=wire.encode_float(gradients[positions], self.gradient_codec)
                 )
             )
             self._call(prefix, message, request_id, wait=True)
@@ -232,7 +232,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 gradients=training_pb2.EncoderGradients(
                     request_id=request_id,
                     step_ids=step_ids[fresh].tolist(),
-                    gradients=wire.encode(gradients[fresh], wire.DType.DTYPE_BFLOAT16),
+                    gradients=wire.encode_float(gradients[fresh], self.gradient_codec),
                 )
             )
             self._call(prefix, message, request_id, wait=False)

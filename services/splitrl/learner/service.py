@@ -56,7 +56,9 @@ class LearnerService:
     def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics
-        metrics.run.info({"mode": settings.mode})
+        metrics.run.info(
+            {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
+        )
         self.replay_meter = LinkMeter(metrics, "replay-learner")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
         torch.manual_seed(settings.seed)
@@ -66,7 +68,9 @@ class LearnerService:
             self.edges: EdgeLinks | None = None
             self.trainer = Trainer(ActorCritic(model, spec), settings)
         else:
-            self.edges = EdgeLinks(metrics, model.width, max_encoder_lag=settings.max_encoder_lag)
+            self.edges = EdgeLinks(
+                metrics, model.width, max_encoder_lag=settings.max_encoder_lag, gradient_codec=settings.gradient_codec
+            )
             self.trainer = Trainer(ActorCriticHead(model.width, spec), settings, self.edges)
         self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
         self.version = 0

@@ -5,7 +5,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from splitrl.core.config import EnvSettings, Mode, ServerSettings
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ServerSettings
 
 
 class LearnerSettings(ServerSettings, EnvSettings):
@@ -41,6 +41,11 @@ class LearnerSettings(ServerSettings, EnvSettings):
         ge=0,
         le=1,
         description="split-accumulate: share of each minibatch's rows whose activation gradients go down to the edge.",
+    )
+    gradient_codec: FloatCodec = Field(
+        "bf16",
+        description="Split modes: how activation gradients cross the WAN to the edges: bf16, int8 or fp8 "
+        "(per-row scale), each optionally +zstd.",
     )
     max_encoder_lag: int = Field(
         64,

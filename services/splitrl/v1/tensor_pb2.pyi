@@ -17,6 +17,12 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_INT64: _ClassVar[DType]
     DTYPE_FLOAT16: _ClassVar[DType]
     DTYPE_BOOL: _ClassVar[DType]
+    DTYPE_FLOAT8_E4M3FN: _ClassVar[DType]
+
+class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPRESSION_NONE: _ClassVar[Compression]
+    COMPRESSION_ZSTD: _ClassVar[Compression]
 DTYPE_UNSPECIFIED: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT32: DType
@@ -25,13 +31,20 @@ DTYPE_INT8: DType
 DTYPE_INT64: DType
 DTYPE_FLOAT16: DType
 DTYPE_BOOL: DType
+DTYPE_FLOAT8_E4M3FN: DType
+COMPRESSION_NONE: Compression
+COMPRESSION_ZSTD: Compression
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data")
+    __slots__ = ("dtype", "shape", "data", "compression", "row_scale")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSION_FIELD_NUMBER: _ClassVar[int]
+    ROW_SCALE_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    compression: Compression
+    row_scale: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scale: _Optional[_Iterable[float]] = ...) -> None: ...

@@ -1,0 +1,165 @@
+"""splitrl.core.wire float codecs and compression: error bounds, byte sizes, and refusal of bad messages."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitrl.core import wire
+
+DType = wire.DType
+ROWS, WIDTH = 16, 256
+
+
+def activations(seed: int = 0) -> torch.Tensor:
+    """ReLU-like activations with rows of very different magnitudes, as an encoder produces."""
+    generator = torch.Generator().manual_seed(seed)
+    magnitudes = torch.logspace(-4, 2, ROWS)[:, None]
+    return torch.relu(torch.randn(ROWS, WIDTH, generator=generator)) * magnitudes
+
+
+@pytest.mark.parametrize("codec", wire.FLOAT_CODECS)
+def test_every_codec_round_trips_within_its_precision(codec):
+    values = activations()
+    decoded = wire.decode_float(wire.encode_float(values, codec))
+
+    assert decoded.dtype == torch.float32
+    assert decoded.shape == values.shape
+    # Per-row relative error bound: bf16 keeps 8 mantissa bits; int8 is within half a step of 127 levels
+    # of the row's max; e4m3 keeps 3 mantissa bits (relative 2^-4) above its subnormal range.
+    row_max = values.abs().amax(dim=1, keepdim=True)
+    error = (decoded - values).abs()
+    bound = {
+        "bf16": values.abs() * 2**-8,
+        "int8": row_max / 127 / 2,
+        "fp8": values.abs() * 2**-4 + row_max / 448 * 2**-9,
+    }
+    precision = codec.split("+")[0]
+    assert bool((error <= bound[precision] + 1e-12).all()), float((error - bound[precision]).max())
+
+
+@pytest.mark.parametrize("codec", ["int8", "fp8"])
+def test_quantized_codecs_send_one_byte_per_number_plus_a_scale_per_row(codec):
+    message = wire.encode_float(activations(), codec)
+
+    assert len(message.data) == ROWS * WIDTH
+    assert len(message.row_scale) == ROWS
+    bf16 = wire.encode_float(activations(), "bf16")
+    assert message.ByteSize() < 0.52 * bf16.ByteSize()
+
+
+def test_all_zero_rows_get_scale_zero_and_decode_to_zero():
+    values = torch.zeros(3, 8)
+    values[1] = 2.0
+    message = wire.encode_float(values, "int8")
+
+    assert list(message.row_scale) == [0.0, pytest.approx(2.0 / 127), 0.0]
+    assert torch.equal(wire.decode_float(message), values)
+
+
+def test_zstd_shrinks_redundant_data_and_records_its_size():
+    frame = torch.zeros(1, 96, 96, dtype=torch.uint8)
+    frame[0, 40:60, 40:60] = 200
+    message = wire.encode(frame, compress=True)
+
+    assert message.compression == wire.Compression.COMPRESSION_ZSTD
+    assert len(message.data) < frame.numel() / 20
+    assert torch.equal(wire.decode(message, expect_dtype=DType.DTYPE_UINT8, expect_shape=[None, 96, 96]), frame)
+
+
+def test_empty_batches_round_trip_in_every_codec():
+    for codec in wire.FLOAT_CODECS:
+        assert wire.decode_float(wire.encode_float(torch.zeros(0, WIDTH), codec)).shape == (0, WIDTH)
+
+
+def test_unknown_codec_and_non_finite_input_are_refused_by_the_sender():
+    with pytest.raises(ValueError, match="unknown float codec 'int4'"):
+        wire.encode_float(activations(), "int4")  # type: ignore[arg-type]
+    with pytest.raises(wire.WireError, match="NaN or Inf"):
+        wire.encode_float(torch.tensor([[1.0, math.inf]]), "int8")
+    with pytest.raises(wire.WireError, match="rank >= 1"):
+        wire.encode_float(torch.tensor(1.0), "fp8")
+
+
+def quantized_message() -> wire.Tensor:
+    return wire.encode_float(activations(), "int8+zstd")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "error"),
+    [
+        (lambda m: m.row_scale.pop(), "row_scale has 15 entries"),
+        (lambda m: m.row_scale.__setitem__(0, math.nan), "negative, NaN or Inf"),
+        (lambda m: m.row_scale.__setitem__(0, -1.0), "negative, NaN or Inf"),
+        (lambda m: setattr(m, "data", b"not zstd at all"), "not a zstd frame"),
+        (lambda m: setattr(m, "data", m.data[:-4]), "does not decompress|decompresses to"),
+        (lambda m: m.shape.__setitem__(1, WIDTH - 1), "declares 4096 bytes but the shape needs 4080"),
+        (lambda m: setattr(m, "compression", 7), "unknown tensor compression 7"),
+    ],
+)
+def test_corrupt_quantized_or_compressed_tensors_are_refused(corrupt, error):
+    message = quantized_message()
+    corrupt(message)
+    with pytest.raises(wire.WireError, match=error):
+        wire.decode_float(message)
+
+
+def test_decode_float_refuses_integer_tensors_and_non_finite_values():
+    with pytest.raises(wire.WireError, match="DTYPE_INT64 is not a float encoding"):
+        wire.decode_float(wire.encode(torch.ones(2, 2, dtype=torch.int64)))
+    with pytest.raises(wire.WireError, match="DTYPE_INT8 is not a float encoding"):
+        wire.decode_float(wire.encode(torch.ones(2, 2, dtype=torch.int8)))  # int8 without scales
+    with pytest.raises(wire.WireError, match="NaN or Inf"):
+        wire.decode_float(wire.encode(torch.tensor([[1.0, math.nan]]), DType.DTYPE_BFLOAT16))
+    with pytest.raises(wire.WireError, match="row_scale is set on a DTYPE_BFLOAT16"):
+        message = wire.encode_float(activations(), "bf16")
+        message.row_scale.extend([1.0] * ROWS)
+        wire.decode_float(message)
+
+
+def test_a_zstd_bomb_cannot_allocate_past_the_limit():
+    huge = wire.encode(torch.zeros(4096, 4096, dtype=torch.uint8), compress=True)  # 16 MiB of zeros, ~500 B packed
+    with pytest.raises(wire.WireError, match="over the limit"):
+        wire.decode(huge, max_bytes=1024 * 1024)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(sorted(DType.values())),
+    shape=st.lists(st.integers(-2, 40), max_size=3),
+    data=st.binary(max_size=256),
+    compression=st.integers(0, 2),
+    scales=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=4),
+)
+def test_fuzzed_messages_decode_or_raise_wire_error(dtype, shape, data, compression, scales):
+    """Any message at all: decoding either succeeds or raises WireError, never anything else."""
+    message = wire.Tensor(dtype=dtype, shape=shape, data=data, compression=compression, row_scale=scales)
+    for decode in (wire.decode, wire.decode_float):
+        with contextlib.suppress(wire.WireError):
+            decode(message, max_bytes=4096)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    rows=st.integers(0, 6),
+    width=st.integers(1, 16),
+    codec=st.sampled_from(wire.FLOAT_CODECS),
+    scale=st.floats(1e-30, 1e30),
+    data=st.data(),
+)
+def test_fuzzed_floats_round_trip_with_bounded_error(rows, width, codec, scale, data):
+    values = (
+        torch.tensor(
+            data.draw(st.lists(st.floats(-1, 1, width=32), min_size=rows * width, max_size=rows * width)),
+            dtype=torch.float32,
+        ).reshape(rows, width)
+        * scale
+    )
+    decoded = wire.decode_float(wire.encode_float(values, codec))
+    row_max = values.abs().amax(dim=1, keepdim=True) if rows else values
+    assert bool(((decoded - values).abs() <= row_max * 0.07 + 1e-30).all())
