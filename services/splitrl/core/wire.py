@@ -290,7 +290,8 @@ def decode_float(
     scaled_int8 = message.dtype == DType.DTYPE_INT8 and (bool(message.row_scale) or message.shape[:1] == [0])
     if message.dtype not in _FLOAT_DTYPES and not scaled_int8:
         raise WireError(
-            f"tensor dtype {DType.Name(message.dtype)} is not a float encoding (bf16, fp16, fp32, or int8/fp8 with row_scale)"
+            f"tensor dtype {DType.Name(message.dtype)} is not a float encoding "
+            "(bf16, fp16, fp32, or int8/fp8 with row_scale)"
         )
     values = decode(message, max_bytes=max_bytes, expect_shape=expect_shape).float()
     if message.row_scale:
