@@ -1,4 +1,5 @@
-"""`splitrl`: run one service (`serve SERVICE`), train locally (`up`), or redraw a run's plot (`plot RUN_DIR`)."""
+"""`splitrl`: run one service (`serve SERVICE`), train locally (`up`), redraw a run's plot (`plot RUN_DIR`),
+benchmark (`bench network`) or report on runs (`report RUN_DIR...`)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,47 @@ def build_parser() -> argparse.ArgumentParser:
         description="Redraw RUN_DIR/learning.png (learning curve, bytes per link) from RUN_DIR/summary.json.",
     )
     plot.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="A directory `splitrl up` wrote.")
+    _add_bench_and_report(commands)
     return parser
+
+
+def _add_bench_and_report(commands: Any) -> None:
+    from splitrl.bench.settings import NetworkBenchSettings
+
+    bench = commands.add_parser("bench", help="Benchmarks that print and save figures.")
+    benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
+    network = benches.add_parser(
+        "network",
+        help="WAN bytes per env step and final return for modes x codecs x widths (resumable).",
+        description=NetworkBenchSettings.__doc__,
+    )
+    add_settings_arguments(network, NetworkBenchSettings)
+    report = commands.add_parser(
+        "report",
+        help="Table (markdown, CSV) and figures of WAN bytes and return from finished runs.",
+        description="Read every summary.json under RUN_DIR... (runs of `splitrl up` or `splitrl bench network`) "
+        "and write report.md, runs.csv and PNG figures of WAN bytes per step, cumulative WAN bytes and return.",
+    )
+    report.add_argument(
+        "run_dirs", type=Path, nargs="+", metavar="RUN_DIR", help="A run directory, or one holding runs."
+    )
+    report.add_argument("--out", type=Path, default=None, help="Where to write (default: FIRST_RUN_DIR/report).")
+    report.add_argument("--return-window", type=float, default=0.2, help="Final return: last share of env steps.")
+
+
+def _report(parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | None, window: float) -> int:
+    from splitrl.bench.report import write_report
+    from splitrl.bench.results import find_runs, load_run
+
+    if not 0 < window <= 1:
+        parser.exit(2, f"splitrl report: --return-window must be in (0, 1], got {window}\n")
+    try:
+        runs = [load_run(run_dir, window) for run_dir in find_runs(run_dirs)]
+    except (OSError, ValueError, KeyError) as error:
+        parser.exit(2, f"splitrl report: {error}\n")
+    for path in write_report(runs, out or run_dirs[0] / "report"):
+        print(f"wrote {path}")
+    return 0
 
 
 def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
@@ -94,6 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
     if args.command == "plot":
         return _plot(parser, args.run_dir)
+    if args.command == "report":
+        return _report(parser, args.run_dirs, args.out, args.return_window)
+    if args.command == "bench":
+        from splitrl.bench.network import run_network_bench
+        from splitrl.bench.settings import NetworkBenchSettings
+
+        try:
+            bench_settings = settings_from_args(NetworkBenchSettings, args)
+        except ValueError as error:
+            parser.exit(2, f"splitrl bench network: {error}\n")
+        return run_network_bench(bench_settings)
     from splitrl.cli.up import UpSettings, run_up
 
     try:

@@ -261,17 +261,22 @@ def _extend_curve(curve: list[dict[str, float]], point: dict[str, float]) -> Non
 
     return_sum is not checked: negative returns make it fall.
     """
-    if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates")):
+    if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates", "wan_bytes")):
         curve.append(point)
 
 
 def _curve_point(texts: list[str]) -> dict[str, float]:
-    """Cumulative counters at one moment; consecutive points give the mean return of each interval."""
+    """Cumulative counters at one moment; consecutive points give the mean return of each interval.
+
+    `wan_bytes` is every byte sent on a WAN link so far (each direction counted once, by its sender).
+    """
+    wan = sum(sent for (link, _), sent in scrape.sent_bytes(scrape.link_counts(texts)).items() if link in WAN_LINKS)
     return {
         "env_steps": scrape.total(texts, "splitrl_env_steps_total"),
         "episodes": scrape.total(texts, "splitrl_episode_return_count"),
         "return_sum": scrape.total(texts, "splitrl_episode_return_sum"),
         "updates": scrape.total(texts, "splitrl_learner_updates_total"),
+        "wan_bytes": float(wan),
     }
 
 

@@ -1,0 +1,140 @@
+"""`splitrl bench network`: every mode x codec x width on the same env, seeds and env steps, one `splitrl up` each.
+
+Rows: cloud with each observation codec, then each split mode with each
+activation codec at each width. Each (row, seed) is a run directory under
+OUT/runs; a run whose summary.json already covers the requested steps is reused,
+so an interrupted or extended benchmark resumes where it stopped (delete a run
+directory to redo it). The table, CSV and figures go to OUT (see report.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitrl.bench.report import write_report
+from splitrl.bench.results import load_run
+from splitrl.bench.settings import NetworkBenchSettings
+from splitrl.cli.args import flag_name
+from splitrl.core.config import Mode
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row of the study: what `splitrl up` gets besides the shared settings."""
+
+    mode: Mode
+    codec: str  # observation codec (cloud) or activation codec (split modes)
+    width: int
+    gradient_codec: str
+
+    @property
+    def slug(self) -> str:
+        parts = [self.mode, self.codec.replace("+", "-")]
+        if self.mode != "cloud":
+            parts += [f"w{self.width}", "g" + self.gradient_codec.replace("+", "-")]
+        return "_".join(parts)
+
+    def up_flags(self) -> dict[str, Any]:
+        if self.mode == "cloud":
+            return {"mode": "cloud", "codec": self.codec, "width": self.width}
+        return {
+            "mode": self.mode,
+            "activation_codec": self.codec,
+            "gradient_codec": self.gradient_codec,
+            "width": self.width,
+        }
+
+
+def matrix(settings: NetworkBenchSettings) -> list[Config]:
+    """Cloud rows first (one per observation codec), then each split mode x activation codec x width."""
+    configs: list[Config] = []
+    for mode in settings.modes:
+        if mode == "cloud":
+            configs += [Config("cloud", codec, settings.width, "-") for codec in settings.observation_codecs]
+            continue
+        for codec in settings.activation_codecs:
+            gradient = codec if settings.gradient_codec == "same" else settings.gradient_codec
+            configs += [Config(mode, codec, width, gradient) for width in settings.widths]
+    return configs
+
+
+def _is_complete(run_dir: Path, steps: int) -> bool:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    codes = summary.get("exit_codes") or {}
+    return not summary.get("interrupted") and all(c == 0 for c in codes.values()) and summary["env_steps"] >= steps
+
+
+def _up_command(settings: NetworkBenchSettings, config: Config, seed: int, run_dir: Path) -> list[str]:
+    flags: dict[str, Any] = {
+        "env": settings.env,
+        "env_kwargs": json.dumps(settings.env_kwargs),
+        "frame_size": settings.frame_size,
+        "frame_stack": settings.frame_stack,
+        "steps": settings.steps,
+        "seed": seed,
+        "num_envs": settings.num_envs,
+        "unroll_length": settings.unroll_length,
+        "chunks_per_update": settings.chunks_per_update,
+        "epochs": settings.epochs,
+        "minibatches": settings.minibatches,
+        "learning_rate": settings.learning_rate,
+        "run_dir": run_dir,
+        **config.up_flags(),
+    }
+    command = [sys.executable, "-m", "splitrl.cli.main", "up"]
+    for key, value in flags.items():
+        command += [flag_name(key), str(value)]
+    return command
+
+
+def run_network_bench(settings: NetworkBenchSettings) -> int:
+    """Run (or reuse) every row x seed, then write the report; returns a process exit code."""
+    configs = matrix(settings)
+    total = len(configs) * len(settings.seeds)
+    print(
+        f"network bench: {len(configs)} rows x {len(settings.seeds)} seeds on {settings.env}, {settings.steps:,} steps"
+    )
+    run_dirs: list[Path] = []
+    failed: list[str] = []
+    for index, (config, seed) in enumerate(((c, s) for c in configs for s in settings.seeds), start=1):
+        run_dir = settings.out / "runs" / f"{config.slug}_seed{seed}"
+        prefix = f"[{index}/{total}] {config.slug} seed {seed}"
+        if _is_complete(run_dir, settings.steps):
+            print(f"{prefix}: done before, reused ({run_dir})")
+            run_dirs.append(run_dir)
+            continue
+        started = time.monotonic()
+        try:
+            finished = subprocess.run(_up_command(settings, config, seed, run_dir), stdout=subprocess.DEVNULL)
+        except KeyboardInterrupt:
+            print(f"\n{prefix}: interrupted; rerun the same command to resume", file=sys.stderr)
+            return 130
+        if finished.returncode != 0 or not _is_complete(run_dir, settings.steps):
+            print(f"{prefix}: FAILED (exit {finished.returncode}); see {run_dir / 'logs'}", file=sys.stderr)
+            failed.append(prefix)
+            continue
+        result = load_run(run_dir, settings.return_window)
+        final = "n/a" if result.final_return is None else f"{result.final_return:+.2f}"
+        print(
+            f"{prefix}: {result.wan_bytes_per_step:,.0f} WAN B/step, final return {final}, "
+            f"{time.monotonic() - started:.0f} s"
+        )
+        run_dirs.append(run_dir)
+    if run_dirs:
+        runs = [load_run(run_dir, settings.return_window) for run_dir in run_dirs]
+        for path in write_report(runs, settings.out):
+            print(f"wrote {path}")
+        print((settings.out / "report.md").read_text())
+    if failed:
+        print(f"{len(failed)} runs failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0

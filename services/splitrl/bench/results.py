@@ -1,0 +1,161 @@
+"""Run summaries -> the network study's rows: WAN bytes and numbers per env step, per phase and link, and return.
+
+A *run* is one `splitrl up` directory (summary.json). Runs that differ only in
+seed form one *row*: one mode x codec x width configuration. Everything here is
+computed from the run's final counters; nothing is estimated.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitrl.cli.plots import mean_return_between
+from splitrl.core.metrics import WAN_LINKS
+
+PHASES = ("rollout", "training", "weights")
+#: The research's own figures per env step (DESIGN.md §1: CarRacing, 4x96x96 frames, width 4,096, bf16
+#: accounting, ~400k env steps): 14.7 B numbers / 28 GB for cloud, 1.6 B / 3.2 GB rollout for the split
+#: plus 66 GB of training traffic.
+RESEARCH_BYTES_PER_STEP: dict[str, dict[str, float]] = {
+    "cloud stack-bf16": {"rollout": 73_728, "training": 0},
+    "split bf16 w4096": {"rollout": 8_192, "training": 66e9 / 400e3},
+}
+#: The strong cloud baseline every row is compared with (DESIGN.md §1: ~1,354 B per CarRacing step).
+BASELINE = "cloud frame+zstd"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One `splitrl up` run, reduced to what the study compares. Bytes are serialized protobuf bytes sent."""
+
+    run_dir: Path
+    row: str
+    mode: str
+    codec: str
+    width: int
+    gradient_codec: str
+    seed: int
+    env: str
+    env_steps: int
+    wall_seconds: float
+    final_return: float | None
+    final_episodes: int
+    wan_bytes: dict[str, int]  # by phase
+    wan_elements: dict[str, int]  # by phase ("numbers", the research's unit)
+    link_bytes: dict[str, int]  # "link/phase" -> bytes sent, every link
+    curve: list[dict[str, float]] = field(repr=False)
+
+    @property
+    def wan_bytes_per_step(self) -> float:
+        return sum(self.wan_bytes.values()) / max(self.env_steps, 1)
+
+
+def row_name(settings: dict[str, Any]) -> tuple[str, str, int, str]:
+    """(row label, WAN codec, width, gradient codec) of a run's settings; the label says what crossed the WAN."""
+    mode = settings.get("mode", "split")
+    width = int(settings.get("width", 4096))
+    if mode == "cloud":
+        codec = settings.get("codec", "frame")
+        return f"cloud {codec}", codec, width, "-"
+    codec = settings.get("activation_codec", "bf16")
+    gradient = settings.get("gradient_codec", "bf16")
+    label = f"{mode} {codec} w{width}" + ("" if gradient == codec else f" grad {gradient}")
+    return label, codec, width, gradient
+
+
+def load_run(run_dir: Path, return_window: float = 0.2) -> RunResult:
+    """Read RUN_DIR/summary.json; the final return averages the episodes of the last `return_window` of steps."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    settings = summary.get("settings") or {}
+    label, codec, width, gradient = row_name(settings)
+    steps = int(summary.get("env_steps") or 0)
+    final_return, episodes = mean_return_between(summary.get("curve") or [], steps * (1 - return_window), steps)
+    wan_bytes = {phase: 0 for phase in PHASES}
+    wan_elements = {phase: 0 for phase in PHASES}
+    link_bytes: dict[str, int] = {}
+    for link, phases in (summary.get("links") or {}).items():
+        for phase, payloads in phases.items():
+            sent = [ends.get("sent", {}) for ends in payloads.values()]
+            link_bytes[f"{link}/{phase}"] = sum(s.get("bytes", 0) for s in sent)
+            if link in WAN_LINKS:
+                wan_bytes[phase] = wan_bytes.get(phase, 0) + sum(s.get("bytes", 0) for s in sent)
+                wan_elements[phase] = wan_elements.get(phase, 0) + sum(s.get("elements", 0) for s in sent)
+    return RunResult(
+        run_dir=run_dir,
+        row=label,
+        mode=settings.get("mode", "?"),
+        codec=codec,
+        width=width,
+        gradient_codec=gradient,
+        seed=int(settings.get("seed", 0)),
+        env=settings.get("env", "?"),
+        env_steps=steps,
+        wall_seconds=float(summary.get("wall_seconds") or 0),
+        final_return=final_return,
+        final_episodes=episodes,
+        wan_bytes=wan_bytes,
+        wan_elements=wan_elements,
+        link_bytes=link_bytes,
+        curve=summary.get("curve") or [],
+    )
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run directories in `paths`: each path is a run (has summary.json) or holds runs at any depth."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / "summary.json").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(p.parent for p in path.rglob("summary.json")))
+        else:
+            raise FileNotFoundError(f"{path}: no such run directory")
+    if not found:
+        raise FileNotFoundError(f"no summary.json under {', '.join(map(str, paths))}")
+    return found
+
+
+@dataclass(frozen=True)
+class Row:
+    """Runs of one configuration over seeds; per-step figures are means over the seeds."""
+
+    name: str
+    runs: tuple[RunResult, ...]
+
+    @property
+    def env_steps(self) -> int:
+        return min(run.env_steps for run in self.runs)
+
+    def per_step(self, phase: str, unit: str = "bytes") -> float:
+        values = [
+            (run.wan_bytes if unit == "bytes" else run.wan_elements)[phase] / max(run.env_steps, 1) for run in self.runs
+        ]
+        return statistics.fmean(values)
+
+    @property
+    def wan_bytes_per_step(self) -> float:
+        return sum(self.per_step(phase) for phase in PHASES)
+
+    @property
+    def wan_numbers_per_step(self) -> float:
+        return sum(self.per_step(phase, "elements") for phase in PHASES)
+
+    @property
+    def returns(self) -> list[float]:
+        return [run.final_return for run in self.runs if run.final_return is not None]
+
+    @property
+    def steps_per_second(self) -> float:
+        return statistics.fmean(run.env_steps / run.wall_seconds for run in self.runs if run.wall_seconds > 0)
+
+
+def group_rows(runs: list[RunResult]) -> list[Row]:
+    """Rows in first-seen order; a row's runs sorted by seed."""
+    by_name: dict[str, list[RunResult]] = {}
+    for run in runs:
+        by_name.setdefault(run.row, []).append(run)
+    return [Row(name, tuple(sorted(group, key=lambda r: r.seed))) for name, group in by_name.items()]

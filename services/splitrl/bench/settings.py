@@ -1,0 +1,63 @@
+"""Settings of the benchmarks; light to import (`splitrl --help` builds its flags from them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
+
+_LIST_FIELDS = ("modes", "observation_codecs", "activation_codecs", "widths", "seeds")
+
+
+class NetworkBenchSettings(EnvSettings, Settings):
+    """Run modes x codecs x widths with `splitrl up` at matched env steps and seeds; write the table and figures."""
+
+    env: str = Field("splitrl/Catch-v0", description="Gymnasium env id (CarRacing-v3 for the research's claim).")
+    out: Path = Field(Path("runs/bench-network"), description="Output directory: runs/, report.md, runs.csv, PNGs.")
+    steps: int = Field(20_000, ge=1, description="Env steps per run, over all envs.")
+    seeds: list[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
+    modes: list[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated modes to run.")
+    observation_codecs: list[ObservationCodec] = Field(
+        ["stack-bf16", "frame", "frame+zstd"], description="Cloud rows: comma-separated observation codecs."
+    )
+    activation_codecs: list[FloatCodec] = Field(
+        ["bf16", "int8+zstd"], description="Split rows: comma-separated activation codecs."
+    )
+    gradient_codec: FloatCodec | Literal["same"] = Field(
+        "same", description="Split rows: gradient codec, or 'same' to match each row's activation codec."
+    )
+    widths: list[int] = Field([4096, 256], description="Split rows: comma-separated encoder widths.")
+    width: int = Field(4096, ge=1, le=65536, description="Cloud rows: the cloud model's encoder width (no WAN effect).")
+    num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
+    unroll_length: int = Field(32, ge=1, description="Steps per trajectory chunk.")
+    chunks_per_update: int = Field(16, ge=1, description="Learner: trajectory chunks per PPO update.")
+    epochs: int = Field(4, ge=1, description="Learner: epochs per update (the research used 10).")
+    minibatches: int = Field(4, ge=1, description="Learner: minibatches per epoch (the research used 32).")
+    learning_rate: float = Field(2.5e-4, gt=0, description="Learner: Adam learning rate.")
+    return_window: float = Field(
+        0.2, gt=0, le=1, description="Final return: episodes ending in this last share of each run's steps."
+    )
+
+    @field_validator(*_LIST_FIELDS, mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator(*_LIST_FIELDS)
+    @classmethod
+    def _not_empty(cls, value: list[Any]) -> list[Any]:
+        if not value:
+            raise ValueError("needs at least one entry")
+        return value
+
+    @field_validator("widths")
+    @classmethod
+    def _widths_positive(cls, value: list[int]) -> list[int]:
+        if any(width < 1 for width in value):
+            raise ValueError(f"widths must be >= 1, got {value}")
+        return value
