@@ -7,6 +7,7 @@ matplotlib's Agg canvas directly (no display, no global pyplot state).
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,11 +23,14 @@ from splitrl.cli.progress import human_bytes
 FIGURES = ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png")
 
 
-def write_report(runs: list[RunResult], out: Path) -> list[Path]:
-    """Write report.md, runs.csv and FIGURES into `out`; returns the paths written."""
+def write_report(runs: list[RunResult], out: Path, framing: Sequence[str] = ()) -> list[Path]:
+    """Write report.md, runs.csv and FIGURES into `out`; returns the paths written.
+
+    `framing`: markdown sections of `splitrl bench framing` results, appended to report.md.
+    """
     out.mkdir(parents=True, exist_ok=True)
     rows = group_rows(runs)
-    (out / "report.md").write_text(markdown(rows))
+    (out / "report.md").write_text("\n".join([markdown(rows), *framing]))
     write_csv(runs, out / "runs.csv")
     _bytes_figure(rows, out / FIGURES[0])
     _cumulative_figure(rows, out / FIGURES[1])

@@ -79,6 +79,14 @@ def _add_bench_and_report(commands: Any) -> None:
         description=NetworkBenchSettings.__doc__,
     )
     add_settings_arguments(network, NetworkBenchSettings)
+    from splitrl.bench.framing import FramingSettings
+
+    framing = benches.add_parser(
+        "framing",
+        help="WAN counters vs kernel bytes on a veth between an edge and a cloud namespace (root).",
+        description=FramingSettings.__doc__,
+    )
+    add_settings_arguments(framing, FramingSettings)
     report = commands.add_parser(
         "report",
         help="Table (markdown, CSV) and figures of WAN bytes and return from finished runs.",
@@ -93,6 +101,7 @@ def _add_bench_and_report(commands: Any) -> None:
 
 
 def _report(parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | None, window: float) -> int:
+    from splitrl.bench.framing import FramingResult
     from splitrl.bench.report import write_report
     from splitrl.bench.results import find_runs, load_run
 
@@ -100,9 +109,14 @@ def _report(parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | N
         parser.exit(2, f"splitrl report: --return-window must be in (0, 1], got {window}\n")
     try:
         runs = [load_run(run_dir, window) for run_dir in find_runs(run_dirs)]
-    except (OSError, ValueError, KeyError) as error:
+        framing = [
+            FramingResult(**json.loads(path.read_text())).markdown()
+            for run_dir in run_dirs
+            for path in sorted(run_dir.rglob("framing.json"))
+        ]
+    except (OSError, ValueError, KeyError, TypeError) as error:
         parser.exit(2, f"splitrl report: {error}\n")
-    for path in write_report(runs, out or run_dirs[0] / "report"):
+    for path in write_report(runs, out or run_dirs[0] / "report", framing):
         print(f"wrote {path}")
     return 0
 
@@ -119,6 +133,19 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
         parser.exit(2, f"splitrl plot: {path} is not a run summary (a JSON object)\n")
     print(plot_run(summary, run_dir / "learning.png"))
     return 0
+
+
+def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from splitrl.bench.framing import FramingSettings, run_framing_bench
+    from splitrl.bench.network import run_network_bench
+    from splitrl.bench.settings import NetworkBenchSettings
+
+    settings_cls: Any = NetworkBenchSettings if args.bench == "network" else FramingSettings
+    try:
+        settings: Any = settings_from_args(settings_cls, args)
+    except ValueError as error:
+        parser.exit(2, f"splitrl bench {args.bench}: {error}\n")
+    return run_network_bench(settings) if args.bench == "network" else run_framing_bench(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -138,14 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "report":
         return _report(parser, args.run_dirs, args.out, args.return_window)
     if args.command == "bench":
-        from splitrl.bench.network import run_network_bench
-        from splitrl.bench.settings import NetworkBenchSettings
-
-        try:
-            bench_settings = settings_from_args(NetworkBenchSettings, args)
-        except ValueError as error:
-            parser.exit(2, f"splitrl bench network: {error}\n")
-        return run_network_bench(bench_settings)
+        return _bench(parser, args)
     from splitrl.cli.up import UpSettings, run_up
 
     try:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -64,7 +65,7 @@ class UpSettings(EnvSettings, Settings):
 
 
 @dataclass
-class _Child:
+class Child:
     name: str
     process: subprocess.Popen[bytes]
     ports: dict[str, int] = field(default_factory=dict)
@@ -76,7 +77,7 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child], run_dir: Path) -> dict[str, Any]:
+def service_flags(name: str, settings: UpSettings, children: dict[str, Child], run_dir: Path) -> dict[str, Any]:
     shared = {
         "env": settings.env,
         "env_kwargs": json.dumps(settings.env_kwargs),
@@ -147,9 +148,12 @@ def _service_flags(name: str, settings: UpSettings, children: dict[str, _Child],
     }
 
 
-def _spawn(name: str, flags: dict[str, Any], run_dir: Path) -> _Child:
-    """Start one service process; it is stopped with the others even if it never becomes ready."""
-    command = [sys.executable, "-m", "splitrl.cli.main", "serve", name]
+def spawn(name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str] = ()) -> Child:
+    """Start one service process; it is stopped with the others even if it never becomes ready.
+
+    `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
+    """
+    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name]
     for key, value in flags.items():
         command += [flag_name(key), str(value)]
     Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
@@ -162,10 +166,10 @@ def _spawn(name: str, flags: dict[str, Any], run_dir: Path) -> _Child:
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
-    return _Child(name, process)
+    return Child(name, process)
 
 
-def _wait_ready(child: _Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
+def wait_ready(child: Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
     """Wait for the service's port file; raise if it exits or takes longer than `timeout_s`."""
     log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
@@ -178,7 +182,7 @@ def _wait_ready(child: _Child, port_file: Path, run_dir: Path, timeout_s: float)
     child.ports = json.loads(port_file.read_text())
 
 
-def _stop(child: _Child, timeout_s: float) -> None:
+def stop_child(child: Child, timeout_s: float) -> None:
     if child.process.poll() is None:
         child.process.send_signal(signal.SIGTERM)
         try:
@@ -195,7 +199,7 @@ def run_up(settings: UpSettings) -> int:
     (run_dir / "metrics").mkdir(exist_ok=True)
     for stale in (run_dir / "metrics").glob("*.prom"):  # a reused run dir: count only this run
         stale.unlink()
-    children: dict[str, _Child] = {}
+    children: dict[str, Child] = {}
     curve: list[dict[str, float]] = []
     interrupted = start_failed = False
     # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
@@ -206,9 +210,9 @@ def run_up(settings: UpSettings) -> int:
     progress = Progress(settings.steps, sys.stdout.isatty())
     try:
         for name in START_ORDER:
-            flags = _service_flags(name, settings, children, run_dir)
-            children[name] = _spawn(name, flags, run_dir)
-            _wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
+            flags = service_flags(name, settings, children, run_dir)
+            children[name] = spawn(name, flags, run_dir)
+            wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
         started = time.monotonic()
         environment = children["environment"].process
         while environment.poll() is None:
@@ -232,7 +236,7 @@ def run_up(settings: UpSettings) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for name in reversed(START_ORDER):  # upstream first: each drains into the next
             if name in children:
-                _stop(children[name], timeout_s=15.0)
+                stop_child(children[name], timeout_s=15.0)
         progress.close()
         signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
@@ -246,7 +250,7 @@ def run_up(settings: UpSettings) -> int:
     return 130 if interrupted else (1 if failed or start_failed else 0)
 
 
-def _live_texts(children: dict[str, _Child]) -> list[str]:
+def _live_texts(children: dict[str, Child]) -> list[str]:
     texts = []
     for child in children.values():
         try:
@@ -283,7 +287,7 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
 def build_summary(
     settings: UpSettings,
     run_dir: Path,
-    children: dict[str, _Child],
+    children: dict[str, Child],
     elapsed_s: float,
     interrupted: bool,
     curve: list[dict[str, float]],
