@@ -144,15 +144,17 @@ def _bytes_figure(rows: list[Row], out: Path) -> None:
     axes.barh(positions, training, left=rollout, color="tab:orange", label="training")
     for position, row in enumerate(rows):
         axes.text(row.wan_bytes_per_step * 1.1, position, human_bytes(row.wan_bytes_per_step), va="center", fontsize=8)
+    top = axes.get_xaxis_transform()  # x in data, y in axes fraction
     for name, research in RESEARCH_BYTES_PER_STEP.items():
         axes.axvline(sum(research.values()), color="grey", linestyle=":", linewidth=1)
-        axes.text(sum(research.values()), len(rows) - 0.4, f"research: {name}", rotation=90, fontsize=7, va="top")
+        axes.text(sum(research.values()), 0.99, f"research:\n{name} ", fontsize=7, va="top", ha="right", transform=top)
     baseline = _baseline(rows)
     if baseline is not None:
         axes.axvline(baseline.wan_bytes_per_step, color="tab:red", linestyle="--", label=f"{BASELINE} (baseline)")
     axes.set_yticks(positions, [row.name for row in rows])
     axes.invert_yaxis()
     axes.set_xscale("log")
+    axes.set_xlim(min(rollout) / 4, max(row.wan_bytes_per_step for row in rows) * 4)  # small parts stay visible
     axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_bytes(x)))
     axes.set_xlabel("WAN bytes per env step (log scale)")
     axes.set_title("WAN bytes per env step by mode and codec")
@@ -198,11 +200,14 @@ def _return_figure(rows: list[Row], out: Path) -> None:
                 color=colours[row.name],
                 label=row.name if i == 0 else None,
             )
-    axes.set_xscale("log")
-    axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_bytes(x)))
+    if not axes.get_legend_handles_labels()[1]:
+        axes.text(0.5, 0.5, "no finished episodes", ha="center", va="center", transform=axes.transAxes)
+    else:
+        axes.set_xscale("log")
+        axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_bytes(x)))
+        axes.legend(fontsize=8)
     axes.set_xlabel("cumulative WAN bytes (log scale)")
     axes.set_ylabel("mean episode return")
     axes.set_title("Return vs WAN bytes spent")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
     fig.savefig(out, dpi=100)
