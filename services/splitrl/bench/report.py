@@ -39,7 +39,7 @@ def write_report(runs: list[RunResult], out: Path, framing: Sequence[str] = ()) 
 
 
 def _baseline(rows: list[Row]) -> Row | None:
-    return next((row for row in rows if row.name == BASELINE), None)
+    return next((row for row in rows if row.name.split(" @")[0] == BASELINE), None)
 
 
 def _return_text(row: Row) -> str:

@@ -154,8 +154,16 @@ class Row:
 
 
 def group_rows(runs: list[RunResult]) -> list[Row]:
-    """Rows in first-seen order; a row's runs sorted by seed."""
+    """Rows in first-seen order, one per configuration and run length; a row's runs sorted by seed.
+
+    Runs of one configuration with different env steps stay apart (named "... @60,000 steps"):
+    per-step bytes and final returns are only comparable at matched steps.
+    """
+    lengths: dict[str, set[int]] = {}
+    for run in runs:
+        lengths.setdefault(run.row, set()).add(run.env_steps)
     by_name: dict[str, list[RunResult]] = {}
     for run in runs:
-        by_name.setdefault(run.row, []).append(run)
+        name = run.row if len(lengths[run.row]) == 1 else f"{run.row} @{run.env_steps:,} steps"
+        by_name.setdefault(name, []).append(run)
     return [Row(name, tuple(sorted(group, key=lambda r: r.seed))) for name, group in by_name.items()]
