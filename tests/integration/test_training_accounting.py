@@ -97,7 +97,8 @@ async def test_steps_the_edge_no_longer_holds_are_counted_and_training_goes_on()
 
 async def test_learner_sends_priorities_to_a_prioritized_table():
     learner = {**LEARNER, "importance_beta": 0.4, "priority_updates": True}
-    replay = {"selector": "prioritized", "max_times_sampled": 2, "priority_exponent": 0.6}
+    # max_times_sampled 4: a chunk sampled in an update is still there when its new priority arrives.
+    replay = {"selector": "prioritized", "max_times_sampled": 4, "priority_exponent": 0.6}
     stack = await Stack.start("cloud", num_envs=2, steps=0, unroll_length=UNROLL, learner=learner, replay=replay)
     try:
         await stack.wait_learner_done()
