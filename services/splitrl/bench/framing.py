@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from splitrl.cli.up import START_ORDER, Child, UpSettings, service_flags, spawn, stop_child, wait_ready
+from splitrl.cli.up import START_ORDER, Child, UpSettings, service_flags, spawn, stop_all, wait_ready
 from splitrl.core import scrape
 from splitrl.core.metrics import WAN_LINKS
 
@@ -113,11 +113,15 @@ def unavailable() -> str | None:
     return None
 
 
-def _ip(*args: str) -> str:
-    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+def _run(*command: str) -> str:
+    done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+        raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()}")
     return done.stdout
+
+
+def _ip(*args: str) -> str:
+    return _run("ip", *args)
 
 
 class _Namespaces:
@@ -150,8 +154,8 @@ class _Namespaces:
             _ip("-n", ns, "link", "set", dev, "gso_max_segs", "1", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
         if uplink_kbit:
-            tbf = ["tc", "-n", self.edge, "qdisc", "add", "dev", self.edge_dev, "root", "tbf"]
-            subprocess.run([*tbf, "rate", f"{uplink_kbit}kbit", "burst", "32kbit", "latency", "400ms"], check=True)
+            tbf = ("tc", "-n", self.edge, "qdisc", "add", "dev", self.edge_dev, "root", "tbf")
+            _run(*tbf, "rate", f"{uplink_kbit}kbit", "burst", "32kbit", "latency", "400ms")
 
     def edge_counters(self) -> dict[str, int]:
         stats = json.loads(_ip("-n", self.edge, "-s", "-j", "link", "show", "dev", self.edge_dev))[0]["stats64"]
@@ -197,18 +201,14 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
             ) from None
         seconds = time.monotonic() - started
     finally:
-        for name in reversed(START_ORDER):
-            if name in children:
-                stop_child(children[name], timeout_s=15.0)
+        stop_all(children)
         counters = namespaces.edge_counters()
         namespaces.delete()
     edge = scrape.link_counts([(run_dir / "metrics" / "edge-encoder.prom").read_text()])
-    counted = {"sent": 0, "received": 0}
-    for link in WAN_LINKS:
-        for payloads in edge.get(link, {}).values():
-            for ends in payloads.values():
-                for direction in counted:
-                    counted[direction] += ends.get(direction, {}).get("bytes", 0)
+    counted = {
+        direction: sum(b for (link, _), b in scrape.link_totals(edge, direction=direction).items() if link in WAN_LINKS)
+        for direction in ("sent", "received")
+    }
     steps = scrape.total([(run_dir / "metrics" / "environment.prom").read_text()], "splitrl_env_steps_total")
     return FramingResult(
         mode=settings.mode,

@@ -20,7 +20,7 @@ from typing import Any
 from splitrl.bench.report import write_report
 from splitrl.bench.results import load_run
 from splitrl.bench.settings import NetworkBenchSettings
-from splitrl.cli.args import flag_name
+from splitrl.cli.args import to_argv
 from splitrl.core.config import Mode
 
 
@@ -90,10 +90,7 @@ def _up_command(settings: NetworkBenchSettings, config: Config, seed: int, run_d
         "run_dir": run_dir,
         **config.up_flags(),
     }
-    command = [sys.executable, "-m", "splitrl.cli.main", "up"]
-    for key, value in flags.items():
-        command += [flag_name(key), str(value)]
-    return command
+    return [sys.executable, "-m", "splitrl.cli.main", "up", *to_argv(flags)]
 
 
 def run_network_bench(settings: NetworkBenchSettings) -> int:

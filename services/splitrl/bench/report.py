@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -128,8 +129,6 @@ def _figure(width: float, height: float) -> tuple[Figure, Axes]:
 
 
 def _colours(rows: list[Row]) -> dict[str, tuple[float, ...]]:
-    from matplotlib import colormaps
-
     palette = colormaps["tab10"] if len(rows) <= 10 else colormaps["tab20"]
     return {row.name: palette(i % palette.N) for i, row in enumerate(rows)}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.cli.plots import mean_return_between
+from splitrl.core import scrape
 from splitrl.core.metrics import WAN_LINKS
 
 PHASES = ("rollout", "training", "weights")
@@ -74,16 +75,17 @@ def load_run(run_dir: Path, return_window: float = 0.2) -> RunResult:
     label, codec, width, gradient = row_name(settings)
     steps = int(summary.get("env_steps") or 0)
     final_return, episodes = mean_return_between(summary.get("curve") or [], steps * (1 - return_window), steps)
+    links = summary.get("links") or {}
+    sent_bytes = scrape.link_totals(links)
+    link_bytes = {f"{link}/{phase}": sent for (link, phase), sent in sent_bytes.items()}
     wan_bytes = {phase: 0 for phase in PHASES}
     wan_elements = {phase: 0 for phase in PHASES}
-    link_bytes: dict[str, int] = {}
-    for link, phases in (summary.get("links") or {}).items():
-        for phase, payloads in phases.items():
-            sent = [ends.get("sent", {}) for ends in payloads.values()]
-            link_bytes[f"{link}/{phase}"] = sum(s.get("bytes", 0) for s in sent)
-            if link in WAN_LINKS:
-                wan_bytes[phase] = wan_bytes.get(phase, 0) + sum(s.get("bytes", 0) for s in sent)
-                wan_elements[phase] = wan_elements.get(phase, 0) + sum(s.get("elements", 0) for s in sent)
+    for (link, phase), sent in sent_bytes.items():
+        if link in WAN_LINKS:
+            wan_bytes[phase] = wan_bytes.get(phase, 0) + sent
+    for (link, phase), sent in scrape.link_totals(links, unit="elements").items():
+        if link in WAN_LINKS:
+            wan_elements[phase] = wan_elements.get(phase, 0) + sent
     return RunResult(
         run_dir=run_dir,
         row=label,

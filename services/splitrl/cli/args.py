@@ -65,6 +65,14 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
         )
 
 
+def to_argv(values: Mapping[str, Any]) -> list[str]:
+    """Flags for `values` ({"num_envs": 4} -> ["--num-envs", "4"]): how one splitrl process starts another."""
+    argv: list[str] = []
+    for name, value in values.items():
+        argv += [flag_name(name), str(value)]
+    return argv
+
+
 def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None) -> M:
     """Build `model` from parsed flags, falling back to SPLITRL_* variables; ValueError names the bad field."""
     environ = os.environ if environ is None else environ

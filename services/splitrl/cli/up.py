@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from splitrl.cli.args import flag_name
+from splitrl.cli.args import to_argv
 from splitrl.cli.progress import Progress
 from splitrl.core import scrape
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
@@ -153,9 +153,7 @@ def spawn(name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str]
 
     `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
     """
-    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name]
-    for key, value in flags.items():
-        command += [flag_name(key), str(value)]
+    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *to_argv(flags)]
     Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
     log = (run_dir / "logs" / f"{name}.log").open("wb")
     process = subprocess.Popen(
@@ -190,6 +188,13 @@ def stop_child(child: Child, timeout_s: float) -> None:
         except subprocess.TimeoutExpired:
             child.process.kill()
             child.process.wait()
+
+
+def stop_all(children: dict[str, Child]) -> None:
+    """Stop every started service, upstream first, so each drains into the next."""
+    for name in reversed(START_ORDER):
+        if name in children:
+            stop_child(children[name], timeout_s=15.0)
 
 
 def run_up(settings: UpSettings) -> int:
@@ -234,9 +239,7 @@ def run_up(settings: UpSettings) -> int:
         # A second Ctrl-C must not cut the clean-up short: children would linger and no summary be written.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for name in reversed(START_ORDER):  # upstream first: each drains into the next
-            if name in children:
-                stop_child(children[name], timeout_s=15.0)
+        stop_all(children)
         progress.close()
         signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)

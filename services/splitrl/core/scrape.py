@@ -50,13 +50,19 @@ def link_counts(texts: Iterable[str]) -> dict[str, Any]:
     return _plain(links)
 
 
-def sent_bytes(links: dict[str, Any]) -> dict[tuple[str, str], int]:
-    """Bytes sent per (link, phase), over all payloads, from a `link_counts` result."""
+def link_totals(links: dict[str, Any], *, direction: str = "sent", unit: str = "bytes") -> dict[tuple[str, str], int]:
+    """`unit` (bytes, messages or elements) per (link, phase) as counted at the `direction` end, over all
+    payloads, from a `link_counts` result."""
     return {
-        (link, phase): sum(ends.get("sent", {}).get("bytes", 0) for ends in payloads.values())
+        (link, phase): sum(ends.get(direction, {}).get(unit, 0) for ends in payloads.values())
         for link, phases in links.items()
         for phase, payloads in phases.items()
     }
+
+
+def sent_bytes(links: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """Bytes sent per (link, phase), over all payloads, from a `link_counts` result."""
+    return link_totals(links)
 
 
 def total(texts: Iterable[str], sample_name: str) -> float:
