@@ -32,24 +32,28 @@ class Trajectory(_message.Message):
     def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., behaviour_log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., step_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., encoder_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class InsertRequest(_message.Message):
-    __slots__ = ("table", "sequence", "trajectory", "priority")
+    __slots__ = ("table", "sequence", "trajectory", "priority", "writer_id")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    WRITER_ID_FIELD_NUMBER: _ClassVar[int]
     table: str
     sequence: int
     trajectory: Trajectory
     priority: float
-    def __init__(self, table: _Optional[str] = ..., sequence: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., priority: _Optional[float] = ...) -> None: ...
+    writer_id: str
+    def __init__(self, table: _Optional[str] = ..., sequence: _Optional[int] = ..., trajectory: _Optional[_Union[Trajectory, _Mapping]] = ..., priority: _Optional[float] = ..., writer_id: _Optional[str] = ...) -> None: ...
 
 class InsertResponse(_message.Message):
-    __slots__ = ("sequence", "key")
+    __slots__ = ("sequence", "key", "duplicate")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     key: int
-    def __init__(self, sequence: _Optional[int] = ..., key: _Optional[int] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, sequence: _Optional[int] = ..., key: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
 class SampleRequest(_message.Message):
     __slots__ = ("table", "num_items")
