@@ -169,6 +169,32 @@ class Metrics:
             ["table", "outcome"],
             registry=registry,
         )
+        self.replay_acknowledged = Gauge(
+            "splitrl_replay_acknowledged_items",
+            "Items ever acknowledged into a replay table; with --data-dir restored at start, so it never goes "
+            "backwards across restarts (the inserts counter counts this process only).",
+            ["table"],
+            registry=registry,
+        )
+        self.replay_duplicates = Counter(
+            "splitrl_replay_duplicate_inserts",
+            "Re-sent inserts (same writer id and sequence) replay had already stored: acknowledged, not stored again.",
+            ["table"],
+            registry=registry,
+        )
+        self.replay_log_bytes = Counter(
+            "splitrl_replay_log_bytes", "Bytes appended to replay's write-ahead log (--data-dir).", registry=registry
+        )
+        self.replay_snapshots = Counter(
+            "splitrl_replay_snapshots",
+            "Snapshots replay wrote to --data-dir (each lets it delete the log segments it covers).",
+            registry=registry,
+        )
+        self.replay_restore_seconds = Gauge(
+            "splitrl_replay_restore_seconds",
+            "Seconds replay took at start to restore its tables from --data-dir.",
+            registry=registry,
+        )
         self.rejected_requests = Counter(
             "splitrl_rejected_requests",
             "Requests refused for bad input, by RPC method and gRPC status code.",

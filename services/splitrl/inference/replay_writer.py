@@ -3,7 +3,16 @@
 Acting never waits for replay unless `max_pending` chunks are already
 buffered (backpressure, bounded memory). A chunk stays buffered until replay
 acknowledges it; if the stream breaks, unacknowledged chunks are re-sent in
-order on the next connection.
+order on the next connection (redialled with core/backoff's jittered exponential backoff).
+
+Memory is bounded by `max_pending` chunks: `_unacked` holds at most that many
+(a semaphore slot per chunk, released by its acknowledgement), and the outbox
+only ever holds sequences of chunks in `_unacked`.
+
+Every request carries this writer's random id and its sequence, so replay
+acknowledges a re-sent chunk it already stored (its ack was lost, or replay
+restarted from its data_dir) as a duplicate instead of storing it twice; a new
+writer (a restarted inference) has a new id and starts again at 0.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import uuid
 from collections import OrderedDict
 
 import grpc
@@ -35,6 +45,8 @@ class ReplayWriter:
         self._unacked: OrderedDict[int, tuple[replay_pb2.InsertRequest, float]] = OrderedDict()
         self._outbox: asyncio.Queue[int] = asyncio.Queue()
         self._next_sequence = 0
+        #: Names this writer to replay, for deduplication of re-sent chunks; new in every process.
+        self.writer_id = uuid.uuid4().hex
         self._idle = asyncio.Event()
         self._idle.set()
         self.acknowledged = 0
@@ -42,7 +54,9 @@ class ReplayWriter:
     async def put(self, trajectory: replay_pb2.Trajectory) -> None:
         """Queue one chunk; blocks while `max_pending` chunks are unacknowledged."""
         await self._slots.acquire()
-        request = replay_pb2.InsertRequest(table=self.table, sequence=self._next_sequence, trajectory=trajectory)
+        request = replay_pb2.InsertRequest(
+            table=self.table, sequence=self._next_sequence, trajectory=trajectory, writer_id=self.writer_id
+        )
         self._unacked[self._next_sequence] = (request, time.perf_counter())
         self._idle.clear()
         await self._outbox.put(self._next_sequence)

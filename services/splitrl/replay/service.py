@@ -1,7 +1,16 @@
-"""Replay service: acknowledged inserts from inference, samples and priority updates for the learner."""
+"""Replay service: acknowledged inserts from inference, samples and priority updates for the learner.
+
+With `data_dir` every insert is in the write-ahead log before it is acknowledged, and the tables are
+restored at start (persistence.py). Inserts carrying a writer id are deduplicated: a re-sent chunk is
+acknowledged again (`duplicate`) with its original key, never stored twice.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
@@ -9,12 +18,25 @@ import grpc
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest
 from splitrl.core.trajectory import from_proto
+from splitrl.replay.persistence import ReplayStore, Writers
 from splitrl.replay.settings import ReplaySettings, TableSettings
-from splitrl.replay.table import Table
+from splitrl.replay.table import InsertHook, Table
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 #: Seconds before a Sample call's deadline at which replay stops waiting and answers with what it has.
 SAMPLE_DEADLINE_MARGIN_S = 1.0
+#: Seconds between checks of whether a snapshot is due.
+SNAPSHOT_POLL_S = 0.5
+
+
+class _Duplicate(Exception):
+    """Raised by an insert's hook: the writer's sequence was stored while this insert waited."""
+
+    def __init__(self, key: int) -> None:
+        super().__init__(key)
+        self.key = key
 
 
 def build_table(settings: TableSettings, metrics: Metrics, seed: int | None = None) -> Table:
@@ -50,6 +72,12 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             table.name: build_table(table, metrics, None if settings.seed is None else settings.seed + index)
             for index, table in enumerate(settings.tables())
         }
+        self.writers = Writers(settings.dedup_window)
+        self.store: ReplayStore | None = None
+        if settings.data_dir is not None:  # restored before the server starts: no call sees a half-restored table
+            self.store = ReplayStore(settings.data_dir, settings.fsync, metrics)
+            self.store.restore(self.tables, self.writers)
+        self._snapshots: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         replay_pb2_grpc.add_ReplayServicer_to_server(self, server)
@@ -61,10 +89,32 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         return None
 
     async def start(self) -> None:
-        pass
+        if self.store is not None:
+            self._snapshots = asyncio.create_task(self._snapshot_loop(self.store), name="replay snapshots")
 
     async def stop(self) -> None:
-        pass
+        """After the server drained: stop snapshotting, write a last snapshot, release data_dir."""
+        if self._snapshots is not None:
+            self._snapshots.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._snapshots
+        if self.store is not None:
+            await self.store.close(self.tables, self.writers)
+
+    async def _snapshot_loop(self, store: ReplayStore) -> None:
+        """Snapshot every checkpoint_every_s or checkpoint_every_inserts changes; a failure is logged and retried."""
+        s = self.settings
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(SNAPSHOT_POLL_S)
+            by_count = 0 < s.checkpoint_every_inserts <= store.changes_since_snapshot
+            if not (by_count or time.monotonic() - last >= s.checkpoint_every_s) or not store.changes_since_snapshot:
+                continue
+            try:
+                await store.snapshot(self.tables, self.writers)
+            except OSError as error:  # the log still holds everything; the next attempt may succeed
+                log.error("replay snapshot failed: %s", error)
+            last = time.monotonic()
 
     def _table(self, name: str) -> Table:
         table = self.tables.get(name)
@@ -79,14 +129,42 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             self.insert_meter.received(request, phase="rollout", payload="trajectory")
             table = self._table(request.table)
             from_proto(request.trajectory, max_length=self.settings.max_trajectory_length)
-            try:
-                priority = request.priority if request.HasField("priority") else None
-                key = await table.insert(request.trajectory, priority)
-            except ValueError as error:  # a bad priority, refused before anything was stored
-                raise BadRequest(f"InsertRequest.priority: {error}") from None
-            ack = replay_pb2.InsertResponse(sequence=request.sequence, key=key)
+            original = self.writers.check(request.writer_id, request.sequence) if request.writer_id else None
+            if original is None:
+                try:
+                    priority = request.priority if request.HasField("priority") else None
+                    key = await table.insert(request.trajectory, priority, on_insert=self._on_insert(request))
+                except BadRequest:
+                    raise
+                except _Duplicate as duplicate:  # stored by another stream of this writer while this one waited
+                    original = duplicate.key
+                except ValueError as error:  # a bad priority, refused before anything was stored
+                    raise BadRequest(f"InsertRequest.priority: {error}") from None
+            if self.store is not None and self.store.log is not None:
+                await self.store.log.durable()  # acknowledged only once on disk (a duplicate: its original)
+            if original is not None:
+                self.metrics.replay_duplicates.labels(table=table.name).inc()
+            ack = replay_pb2.InsertResponse(
+                sequence=request.sequence, key=key if original is None else original, duplicate=original is not None
+            )
             self.insert_meter.sent(ack, phase="rollout", payload="ack")
             yield ack
+
+    def _on_insert(self, request: replay_pb2.InsertRequest) -> InsertHook:
+        """Runs in the table's atomic store step: re-check the writer's sequence, log, then remember it."""
+
+        def hook(key: int, priority: float) -> None:
+            writer = request.writer_id
+            if writer:
+                original = self.writers.check(writer, request.sequence)
+                if original is not None:
+                    raise _Duplicate(original)
+            if self.store is not None:
+                self.store.log_insert(request, key, priority)
+            if writer:
+                self.writers.record(writer, request.sequence, key)
+
+        return hook
 
     async def Sample(
         self, request: replay_pb2.SampleRequest, context: grpc.aio.ServicerContext

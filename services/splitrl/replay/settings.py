@@ -9,7 +9,8 @@ included, with the bad value in the message.
 from __future__ import annotations
 
 import json
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -105,6 +106,29 @@ class ReplaySettings(ServerSettings, TableOptions):
     )
     max_trajectory_length: int = Field(4096, ge=1, description="Longest chunk (steps) an insert may carry.")
     seed: int | None = Field(None, description="Seed of the uniform / prioritized draws; unset = random.")
+    data_dir: Path | None = Field(
+        None,
+        description="Persist the tables here (write-ahead log + snapshots) and restore them at start; "
+        "unset = in memory only, lost when the process ends.",
+    )
+    fsync: Literal["always", "never"] = Field(
+        "always",
+        description="With data_dir: always = each insert is fsynced (inserts in flight share one fsync) before "
+        "it is acknowledged, surviving power loss; never = written to the OS before it is acknowledged, "
+        "surviving a crash or kill of the process, not of the machine.",
+    )
+    checkpoint_every_s: float = Field(
+        60.0, gt=0, description="With data_dir: seconds between snapshots (each truncates the write-ahead log)."
+    )
+    checkpoint_every_inserts: int = Field(
+        0, ge=0, description="With data_dir: also snapshot after this many logged changes (0 = by time only)."
+    )
+    dedup_window: int = Field(
+        4096,
+        ge=1,
+        description="Sequences per writer whose keys replay remembers to answer a re-send with its original key; "
+        "at least the writers' max_pending_inserts.",
+    )
 
     @field_validator("extra_tables", mode="before")
     @classmethod

@@ -66,18 +66,16 @@ class TableState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., next_key: _Optional[int] = ..., inserts: _Optional[int] = ..., samples: _Optional[int] = ..., deletes: _Optional[int] = ..., evictions: _Optional[int] = ..., blocked_inserts: _Optional[int] = ..., blocked_samples: _Optional[int] = ..., max_priority: _Optional[float] = ...) -> None: ...
 
 class WriterState(_message.Message):
-    __slots__ = ("writer_id", "highest_sequence", "sequences", "tables", "keys")
+    __slots__ = ("writer_id", "highest_sequence", "sequences", "keys")
     WRITER_ID_FIELD_NUMBER: _ClassVar[int]
     HIGHEST_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_FIELD_NUMBER: _ClassVar[int]
-    TABLES_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     writer_id: str
     highest_sequence: int
     sequences: _containers.RepeatedScalarFieldContainer[int]
-    tables: _containers.RepeatedScalarFieldContainer[str]
     keys: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, writer_id: _Optional[str] = ..., highest_sequence: _Optional[int] = ..., sequences: _Optional[_Iterable[int]] = ..., tables: _Optional[_Iterable[str]] = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, writer_id: _Optional[str] = ..., highest_sequence: _Optional[int] = ..., sequences: _Optional[_Iterable[int]] = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SnapshotHeader(_message.Message):
     __slots__ = ("format", "next_segment", "tables", "writers", "items")

@@ -1,0 +1,466 @@
+"""Replay on disk: a write-ahead log of every change, periodic snapshots, restore at start.
+
+Files in `data_dir`:
+
+- `log-NNNNNNNN.wal`: log segments. Each is `MAGIC_LOG` then records framed as
+  [u32 length][u32 crc32][LogRecord bytes] (little-endian). An insert is appended
+  (os-level write, and with fsync="always" fsynced, several inserts sharing one
+  fsync) BEFORE it is acknowledged; samples and priority updates are appended as
+  they happen, without waiting for an fsync.
+- `snapshot.bin`: `MAGIC_SNAPSHOT`, a SnapshotHeader (table counters, writers,
+  the first log segment it does not cover), then one LoggedInsert per stored
+  item. Written to `snapshot.tmp` off the event loop and renamed into place
+  (atomic); the segments it covers are deleted afterwards.
+- `LOCK`: held (flock) while a replay uses the directory; the kernel drops it when the process dies.
+
+Restore = snapshot, then every later segment in order. A record cut short or
+failing its CRC at the end of the last segment (a crash mid-write) is dropped
+and the file truncated there; anywhere else it is corruption and replay refuses
+to start, naming the file and offset.
+
+What restore gives back exactly: every acknowledged item, with its key,
+priority and times sampled; keys continue (never reused); each table's inserts,
+samples, deletes and evictions (so the rate limiter's diff); each writer's
+highest sequence (deduplication). Not exact: a sample whose log record had not
+reached the OS when the process died is handed out again (at-least-once to the
+learner); blocked-call counts since the last snapshot; the uniform/prioritized
+selectors' random state (draws after a restart differ).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+from google.protobuf.message import DecodeError, Message
+
+from splitrl.core.metrics import Metrics
+from splitrl.core.rpc import BadRequest
+from splitrl.replay.table import Table
+from splitrl.v1 import replay_pb2, replay_store_pb2
+
+log = logging.getLogger(__name__)
+
+FsyncPolicy = Literal["always", "never"]
+MAGIC_LOG = b"SRLWAL1\n"
+MAGIC_SNAPSHOT = b"SRLSNP1\n"
+SNAPSHOT_FORMAT = 1
+_FRAME = struct.Struct("<II")
+#: A length above this is not a record of ours (corruption), not a request to allocate it.
+MAX_RECORD_BYTES = 1 << 30
+
+
+class CorruptData(RuntimeError):
+    """A snapshot or a log segment that cannot be restored; the message names the file and offset."""
+
+
+def frame(payload: bytes) -> bytes:
+    """One record as it lies on disk: length, CRC-32 of the payload, payload."""
+    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass
+class RecordReader:
+    """Iterates the records of one file; afterwards `end` is the offset just past the last whole record.
+
+    A short or CRC-failing record stops the iteration (`torn` is then True); nothing after it is read.
+    """
+
+    path: Path
+    magic: bytes
+    end: int = 0
+    torn: bool = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        with self.path.open("rb") as file:
+            head = file.read(len(self.magic))
+            if head != self.magic:
+                if self.magic.startswith(head):  # created, crashed before its magic was whole
+                    self.torn = bool(head)
+                    return
+                raise CorruptData(f"{self.path} is not a splitrl replay file (starts with {head!r})")
+            self.end = len(self.magic)
+            while header := file.read(_FRAME.size):
+                if len(header) < _FRAME.size:
+                    self.torn = True
+                    return
+                length, crc = _FRAME.unpack(header)
+                payload = file.read(length) if length <= MAX_RECORD_BYTES else b""
+                if length > MAX_RECORD_BYTES or len(payload) < length or zlib.crc32(payload) != crc:
+                    self.torn = True
+                    return
+                self.end += _FRAME.size + length
+                yield payload
+
+
+class Writers:
+    """Deduplication of re-sent inserts: per writer id, its highest stored sequence and its last `window` keys.
+
+    A writer replay does not know may start at any sequence (a new inference process starts at 0; an
+    old one, after an in-memory replay restarted, re-sends from its oldest unacknowledged chunk).
+    At most `max_writers` writers are remembered, the least recently active forgotten first.
+    """
+
+    def __init__(self, window: int, max_writers: int = 1024) -> None:
+        if window < 1 or max_writers < 1:
+            raise ValueError(f"window and max_writers must be >= 1, got {window}, {max_writers}")
+        self.window, self.max_writers = window, max_writers
+        self._highest: OrderedDict[str, int] = OrderedDict()
+        self._keys: dict[str, OrderedDict[int, int]] = {}
+
+    def check(self, writer_id: str, sequence: int) -> int | None:
+        """None: a new chunk, to store. An int: a duplicate, its original key (0 if forgotten).
+
+        BadRequest if `sequence` skips ahead of the writer's next one (a chunk would be missing).
+        """
+        highest = self._highest.get(writer_id)
+        if highest is None or sequence == highest + 1:
+            return None
+        if sequence <= highest:
+            return self._keys[writer_id].get(sequence, 0)
+        raise BadRequest(
+            f"InsertRequest.sequence {sequence} of writer {writer_id!r} skips ahead: replay stored up to "
+            f"{highest}, so the next is {highest + 1} (or a re-send <= {highest})"
+        )
+
+    def record(self, writer_id: str, sequence: int, key: int) -> None:
+        """`writer_id`'s `sequence` is stored under `key` (the caller checked it is the next one)."""
+        self._highest[writer_id] = sequence
+        self._highest.move_to_end(writer_id)
+        keys = self._keys.setdefault(writer_id, OrderedDict())
+        keys[sequence] = key
+        if len(keys) > self.window:
+            keys.popitem(last=False)
+        if len(self._highest) > self.max_writers:
+            forgotten, _ = self._highest.popitem(last=False)
+            del self._keys[forgotten]
+
+    def state(self) -> list[replay_store_pb2.WriterState]:
+        return [
+            replay_store_pb2.WriterState(
+                writer_id=writer_id,
+                highest_sequence=highest,
+                sequences=list(self._keys[writer_id]),
+                keys=list(self._keys[writer_id].values()),
+            )
+            for writer_id, highest in self._highest.items()
+        ]
+
+    def restore(self, states: Sequence[replay_store_pb2.WriterState]) -> None:
+        for state in states:
+            self._highest[state.writer_id] = state.highest_sequence
+            self._keys[state.writer_id] = OrderedDict(zip(state.sequences, state.keys, strict=True))
+
+
+@dataclass
+class _Captured:
+    """A snapshot's content, taken in one atomic step on the event loop and written from a thread."""
+
+    header: replay_store_pb2.SnapshotHeader
+    #: (table, key, priority, times sampled, trajectory) as they were at capture; trajectories are never mutated.
+    items: list[tuple[str, int, float, int, replay_pb2.Trajectory]] = field(default_factory=list)
+
+
+class Log:
+    """The open log segment. `append` puts a record in the OS before returning; `durable` fsyncs (grouped)."""
+
+    def __init__(self, directory: Path, segment: int, fsync: FsyncPolicy, metrics: Metrics) -> None:
+        self.directory, self.fsync, self._metrics = directory, fsync, metrics
+        self.segment = segment
+        self._file = self._open(segment)
+        self.appended = 0  # records appended since the log was opened, over all segments
+        self._synced = 0
+        self._syncing: asyncio.Task[None] | None = None
+
+    def _open(self, segment: int) -> IO[bytes]:
+        file = open(segment_path(self.directory, segment), "xb", buffering=0)  # noqa: SIM115 (kept open)
+        file.write(MAGIC_LOG)
+        if self.fsync == "always":
+            _fsync_directory(self.directory)
+        return file
+
+    def append(self, record: replay_store_pb2.LogRecord) -> None:
+        data = frame(record.SerializeToString())
+        written = self._file.write(data)  # unbuffered: one write(2); a short one would be a torn tail
+        if written != len(data):
+            raise OSError(f"short write to {self._file.name}: {written} of {len(data)} bytes")
+        self.appended += 1
+        self._metrics.replay_log_bytes.inc(len(data))
+
+    async def durable(self) -> None:
+        """Return once every record appended so far is fsynced (fsync="never": at once).
+
+        Concurrent callers share fsyncs: one runs at a time, covering everything appended before it began.
+        """
+        target = self.appended
+        while self.fsync == "always" and self._synced < target:
+            if self._syncing is None:
+                self._syncing = asyncio.create_task(self._sync())
+            await asyncio.shield(self._syncing)
+
+    async def _sync(self) -> None:
+        covered = self.appended
+        try:
+            await asyncio.to_thread(os.fsync, self._file.fileno())
+            self._synced = max(self._synced, covered)
+        finally:
+            self._syncing = None
+
+    async def idle(self) -> None:
+        """Wait until no fsync is running (so the file may be closed)."""
+        while self._syncing is not None:
+            with contextlib.suppress(OSError):
+                await asyncio.shield(self._syncing)
+
+    def rotate(self) -> int:
+        """Close this segment (fsynced, with fsync="always") and open the next; returns the new number.
+
+        Call after `idle()` with no await in between.
+        """
+        self._close_file()
+        self._synced = self.appended
+        self.segment += 1
+        self._file = self._open(self.segment)
+        return self.segment
+
+    def close(self) -> None:
+        self._close_file()
+
+    def _close_file(self) -> None:
+        if self.fsync == "always":
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+
+def segment_path(directory: Path, segment: int) -> Path:
+    return directory / f"log-{segment:08d}.wal"
+
+
+def _segments(directory: Path) -> list[int]:
+    return sorted(int(path.stem.removeprefix("log-")) for path in directory.glob("log-*.wal"))
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a created or renamed file's name durable (power loss), not only its bytes."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parse(message: Message, payload: bytes, path: Path) -> None:
+    try:
+        message.ParseFromString(payload)
+    except DecodeError as error:  # CRC was right: written by something else, or another format
+        raise CorruptData(f"{path}: a record passed its CRC but is not a {message.DESCRIPTOR.name}: {error}") from None
+
+
+class ReplayStore:
+    """Persistence of one replay's tables in `directory`; see the module docstring for the guarantees.
+
+    Use: `restore(tables, writers)` once, before serving (it also opens the log and attaches the
+    journal to the tables); `log_insert` from an insert's on_insert hook, then `await log.durable()`
+    before acknowledging; `await snapshot(...)` now and then; `await close(...)` at shutdown.
+    """
+
+    def __init__(self, directory: Path, fsync: FsyncPolicy, metrics: Metrics) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory, self.fsync, self.metrics = directory, fsync, metrics
+        self._lock_file = (directory / "LOCK").open("a")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise RuntimeError(f"{directory} is in use by another replay (its LOCK is held)") from None
+        self.log: Log | None = None
+        self._snapshotting = asyncio.Lock()
+        self.appended_at_snapshot = 0
+        self.restored_items = 0
+        self._replayed = 0  # log records restore read: the next snapshot covers them too
+
+    @property
+    def snapshot_path(self) -> Path:
+        return self.directory / "snapshot.bin"
+
+    def restore(self, tables: dict[str, Table], writers: Writers) -> float:
+        """Rebuild `tables` (new, empty) and `writers` from disk; open the log. Returns the seconds it took."""
+        started = time.perf_counter()
+        first_segment = self._restore_snapshot(tables, writers) if self.snapshot_path.exists() else 0
+        segments = _segments(self.directory)
+        for segment in [s for s in segments if s < first_segment]:  # covered by the snapshot: a crash left them
+            segment_path(self.directory, segment).unlink()
+        later = [s for s in segments if s >= first_segment]
+        for index, segment in enumerate(later):
+            self._replay_segment(segment_path(self.directory, segment), tables, writers, last=index == len(later) - 1)
+        for table in tables.values():
+            table.restored()
+            table.on_sample = lambda keys, name=table.name: self._append_sample(name, keys)
+            table.on_priorities = lambda updates, name=table.name: self._append_priorities(name, updates)
+        self.log = Log(self.directory, max([first_segment - 1, *later]) + 1, self.fsync, self.metrics)
+        self.restored_items = sum(t.size for t in tables.values())
+        elapsed = time.perf_counter() - started
+        self.metrics.replay_restore_seconds.set(elapsed)
+        log.info("restored %d items from %s in %.2fs", self.restored_items, self.directory, elapsed)
+        return elapsed
+
+    def _restore_snapshot(self, tables: dict[str, Table], writers: Writers) -> int:
+        reader = RecordReader(self.snapshot_path, MAGIC_SNAPSHOT)
+        records = iter(reader)
+        header = replay_store_pb2.SnapshotHeader()
+        _parse(header, next(records, b""), self.snapshot_path)
+        if header.format != SNAPSHOT_FORMAT:
+            raise CorruptData(f"{self.snapshot_path}: format {header.format}, this replay reads {SNAPSHOT_FORMAT}")
+        by_table: dict[str, list[replay_store_pb2.LoggedInsert]] = {state.name: [] for state in header.tables}
+        for payload in records:
+            item = replay_store_pb2.LoggedInsert()
+            _parse(item, payload, self.snapshot_path)
+            if item.table not in by_table:
+                raise CorruptData(f"{self.snapshot_path}: item {item.key} of table {item.table!r}, not in its header")
+            by_table[item.table].append(item)
+        if reader.torn or sum(map(len, by_table.values())) != header.items:
+            raise CorruptData(f"{self.snapshot_path}: cut short or damaged at offset {reader.end}")
+        for state in header.tables:
+            _table(tables, state.name, self.snapshot_path).restore_snapshot(state, by_table[state.name])
+        writers.restore(header.writers)
+        return header.next_segment
+
+    def _replay_segment(self, path: Path, tables: dict[str, Table], writers: Writers, *, last: bool) -> None:
+        reader = RecordReader(path, MAGIC_LOG)
+        for payload in reader:
+            record = replay_store_pb2.LogRecord()
+            _parse(record, payload, path)
+            self._replayed += 1
+            change = record.WhichOneof("change")
+            if change == "insert":
+                insert = record.insert
+                _table(tables, insert.table, path).restore_item(insert)
+                if insert.writer_id:
+                    writers.record(insert.writer_id, insert.sequence, insert.key)
+            elif change == "sample":
+                _table(tables, record.sample.table, path).restore_samples(record.sample.keys)
+            elif change == "priorities":
+                updates = record.priorities.updates
+                _table(tables, record.priorities.table, path).restore_priorities((u.key, u.priority) for u in updates)
+        if not reader.torn:
+            return
+        if not last:
+            raise CorruptData(f"{path}: damaged record at offset {reader.end}, and later segments follow it")
+        log.warning("%s: dropping a torn record at its end (offset %d: a crash mid-write)", path, reader.end)
+        with path.open("r+b") as file:  # so the next restore does not find it in the middle
+            file.truncate(reader.end)
+
+    def log_insert(self, request: replay_pb2.InsertRequest, key: int, priority: float) -> None:
+        """Append an insert (from the table's on_insert hook: before the item is stored and acknowledged)."""
+        assert self.log is not None, "restore() first"
+        insert = replay_store_pb2.LoggedInsert(
+            table=request.table,
+            key=key,
+            priority=priority,
+            trajectory=request.trajectory,
+            writer_id=request.writer_id,
+            sequence=request.sequence,
+        )
+        self.log.append(replay_store_pb2.LogRecord(insert=insert))
+
+    def _append_sample(self, table: str, keys: list[int]) -> None:
+        assert self.log is not None
+        self.log.append(replay_store_pb2.LogRecord(sample=replay_store_pb2.LoggedSample(table=table, keys=keys)))
+
+    def _append_priorities(self, table: str, updates: list[tuple[int, float]]) -> None:
+        assert self.log is not None
+        request = replay_pb2.UpdatePrioritiesRequest(
+            table=table, updates=[replay_pb2.KeyPriority(key=k, priority=p) for k, p in updates]
+        )
+        self.log.append(replay_store_pb2.LogRecord(priorities=request))
+
+    @property
+    def changes_since_snapshot(self) -> int:
+        return 0 if self.log is None else self.log.appended - self.appended_at_snapshot + self._replayed
+
+    async def snapshot(self, tables: dict[str, Table], writers: Writers) -> None:
+        """Write a snapshot of the current state and drop the log segments it covers.
+
+        The state is captured and the log rotated in one atomic step; the file is written off the loop.
+        """
+        assert self.log is not None, "restore() first"
+        async with self._snapshotting:
+            await self.log.idle()
+            captured = self._capture(tables, writers)  # no await from idle() to here: nothing changes meanwhile
+            started = time.perf_counter()
+            await asyncio.to_thread(self._write_snapshot, captured)
+            for segment in _segments(self.directory):
+                if segment < captured.header.next_segment:
+                    segment_path(self.directory, segment).unlink()
+            self.metrics.replay_snapshots.inc()
+            log.info(
+                "snapshot of %d items in %.2fs (log from segment %d)",
+                captured.header.items,
+                time.perf_counter() - started,
+                captured.header.next_segment,
+            )
+
+    def _capture(self, tables: dict[str, Table], writers: Writers) -> _Captured:
+        assert self.log is not None
+        captured = _Captured(replay_store_pb2.SnapshotHeader(format=SNAPSHOT_FORMAT))
+        for table in tables.values():
+            captured.header.tables.append(table.state())
+            captured.items.extend(
+                (table.name, item.key, item.priority, item.times_sampled, item.trajectory) for item in table.items()
+            )
+        captured.header.writers.extend(writers.state())
+        captured.header.items = len(captured.items)
+        captured.header.next_segment = self.log.rotate()
+        self.appended_at_snapshot, self._replayed = self.log.appended, 0
+        return captured
+
+    def _write_snapshot(self, captured: _Captured) -> None:
+        """In a worker thread: the snapshot file, written whole, then renamed over the old one."""
+        tmp = self.directory / "snapshot.tmp"
+        with tmp.open("wb") as file:
+            file.write(MAGIC_SNAPSHOT)
+            file.write(frame(captured.header.SerializeToString()))
+            for table, key, priority, times_sampled, trajectory in captured.items:
+                record = replay_store_pb2.LoggedInsert(
+                    table=table, key=key, priority=priority, trajectory=trajectory, times_sampled=times_sampled
+                )
+                file.write(frame(record.SerializeToString()))
+            file.flush()
+            if self.fsync == "always":
+                os.fsync(file.fileno())
+        tmp.replace(self.snapshot_path)
+        if self.fsync == "always":
+            _fsync_directory(self.directory)
+
+    async def close(self, tables: dict[str, Table], writers: Writers) -> None:
+        """Shutdown: a last snapshot if anything changed since the previous one, then release the directory."""
+        if self.log is not None:
+            if self.changes_since_snapshot:
+                await self.snapshot(tables, writers)
+            await self.log.idle()
+            self.log.close()
+            if not self.changes_since_snapshot:  # the snapshot holds everything: no empty segment left behind
+                segment_path(self.directory, self.log.segment).unlink()
+            self.log = None
+        self._lock_file.close()
+
+
+def _table(tables: dict[str, Table], name: str, path: Path) -> Table:
+    table = tables.get(name)
+    if table is None:
+        raise CorruptData(
+            f"{path} holds table {name!r}, which this replay does not define ({sorted(tables)}); "
+            "add it to --extra-tables, or start on another --data-dir"
+        )
+    return table
