@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
+import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,6 +26,10 @@ from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
 
 log = logging.getLogger(__name__)
+
+#: Seconds beyond shutdown_grace_s that a stopping service process gets to flush (replay's last snapshot,
+#: checkpoints) before it is ended anyway: SIGTERM always ends the process within grace + this margin.
+SHUTDOWN_MARGIN_S = 5.0
 
 
 class Service(Protocol):
@@ -94,6 +100,8 @@ class ServiceHost:
     metrics_port: int
     _http: object = field(repr=False)
     _health: object = field(repr=False)
+    #: What the host is doing, for the shutdown deadline's log line when something hangs.
+    stage: str = "serving"
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
@@ -123,13 +131,39 @@ class ServiceHost:
 
     async def stop(self) -> None:
         """Report NOT_SERVING, drain in-flight calls (background work still serves them), then stop that work."""
+        self.stage = "draining in-flight calls"
         await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         await self.server.stop(self.settings.shutdown_grace_s)
+        self.stage = f"{type(self.service).__name__}.stop (flushing its work)"
         await self.service.stop()
+        self.stage = "writing final metrics"
         if self.settings.final_metrics_file is not None:
             self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
+        self.stage = "closing /metrics"
         self._http.shutdown()  # type: ignore[attr-defined]
         self._http.server_close()  # type: ignore[attr-defined]
+        self.stage = "exiting (waiting for worker threads)"
+
+
+class ShutdownDeadline:
+    """Ends the process with status 1 if it is still alive `limit_s` after shutdown began, whatever hangs.
+
+    A daemon timer thread, so it fires even when the event loop is blocked or the interpreter is
+    joining a stuck worker thread at exit; it logs the host's stage, so the log says what did not finish.
+    """
+
+    def __init__(self, limit_s: float, stage: Callable[[], str]) -> None:
+        self.limit_s, self._stage = limit_s, stage
+        self._timer = threading.Timer(limit_s, self._expire)
+        self._timer.daemon = True
+
+    def arm(self) -> None:
+        self._timer.start()
+
+    def _expire(self) -> None:
+        log.error("shutdown did not finish within %.1fs; still %s; exiting now", self.limit_s, self._stage())
+        logging.shutdown()  # flush the line above: os._exit skips every handler
+        os._exit(1)
 
 
 def configure_process(settings: ServerSettings) -> None:
@@ -143,13 +177,17 @@ def configure_process(settings: ServerSettings) -> None:
 def run_service(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
     """A service process's whole life: set up, serve until signalled or finished, shut down; the exit status."""
     configure_process(settings)
-    return asyncio.run(serve_until_signalled(build, settings))
+    return asyncio.run(serve_until_signalled(build, settings, deadline=True))
 
 
-async def serve_until_signalled(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
+async def serve_until_signalled(
+    build: Callable[[Metrics], Service], settings: ServerSettings, *, deadline: bool = False
+) -> int:
     """Build the service, run it until SIGTERM/SIGINT or until it finishes by itself, then stop it.
 
-    Returns 0, or 1 if the service reports a failure of its own work.
+    Returns 0, or 1 if the service reports a failure of its own work. With `deadline` (a service
+    process, not a test sharing its process) the process is ended, status 1, if stopping takes longer
+    than shutdown_grace_s + SHUTDOWN_MARGIN_S (ShutdownDeadline).
     """
     metrics = Metrics(CollectorRegistry())
     service = build(metrics)
@@ -166,5 +204,7 @@ async def serve_until_signalled(build: Callable[[Metrics], Service], settings: S
     for waiter in waiters:
         waiter.cancel()
     log.info("shutting down (grace %.1fs)", settings.shutdown_grace_s)
+    if deadline:
+        ShutdownDeadline(settings.shutdown_grace_s + SHUTDOWN_MARGIN_S, lambda: host.stage).arm()
     await host.stop()
     return 0 if service.failure() is None else 1
