@@ -118,3 +118,41 @@ def test_malformed_gradients_are_refused_with_a_reason(message, error):
     with pytest.raises((BadRequest, wire.WireError), match=error):
         trainer.apply(message)
     assert trainer.version == 0
+
+
+def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
+    path = tmp_path / "encoder.pt"
+    torch.manual_seed(0)
+    trainer = EncoderTrainer(
+        Encoder(4, 36, WIDTH),
+        ObservationStore(100),
+        Metrics(CollectorRegistry()),
+        learning_rate=1e-3,
+        max_grad_norm=0.5,
+        checkpoint_path=path,
+        checkpoint_every=2,
+    )
+    trainer.store.put([1, 2], stacks(2))
+    for step in range(3):
+        message = training_pb2.EncoderGradients(
+            request_id=step, step_ids=[1, 2], gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+        )
+        trainer.apply(message)
+        assert path.exists() == (step >= 1)  # saved every 2 steps
+    saved = {name: value.clone() for name, value in trainer.encoder.state_dict().items()}
+    trainer.save_checkpoint()  # shutdown: step 3 is saved too
+
+    torch.manual_seed(0)  # the seed weights, which a restart without a checkpoint would go back to
+    restarted = EncoderTrainer(
+        Encoder(4, 36, WIDTH),
+        ObservationStore(100),
+        Metrics(CollectorRegistry()),
+        learning_rate=1e-3,
+        max_grad_norm=0.5,
+        checkpoint_path=path,
+    )
+    assert restarted.version == 3
+    for name, value in restarted.encoder.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+    assert restarted.optimizer.state_dict()["state"][0]["step"] == 3
+    assert not path.with_suffix(".tmp").exists()

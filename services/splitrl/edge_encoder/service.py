@@ -63,6 +63,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             learning_rate=settings.encoder_learning_rate,
             max_grad_norm=settings.encoder_max_grad_norm,
             activation_codec=settings.activation_codec,
+            checkpoint_path=None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt",
+            checkpoint_every=settings.checkpoint_every,
         )
         self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
         self.learner_link = LearnerLink(
@@ -94,6 +96,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         await self._link_loop.cancel()
         if self._channel is not None:
             await self._channel.close(grace=None)
+        # On the compute thread, after any training step already queued there.
+        await asyncio.get_running_loop().run_in_executor(self._compute, self.trainer.save_checkpoint)
         self._compute.shutdown(wait=True)
 
     async def Rollout(

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 from pydantic import Field
 
@@ -36,3 +37,11 @@ class EdgeEncoderSettings(ServerSettings, EnvSettings):
     )
     encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
     encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
+    checkpoint_dir: Path | None = Field(
+        None,
+        description="Split modes: save encoder, its optimizer and encoder version here (encoder.pt) and resume "
+        "from it at start; unset = a restarted edge starts from the seed weights.",
+    )
+    checkpoint_every: int = Field(
+        200, ge=1, description="Encoder optimizer steps between checkpoints (also saved on shutdown)."
+    )

@@ -6,22 +6,31 @@ an id evicted before the learner asks for it is counted
 
 Everything here is synchronous torch work; the service runs it on its single
 compute thread, so rollout forwards and training steps never interleave.
+
+With a checkpoint path the trainer saves encoder, optimizer and encoder version
+every `checkpoint_every` optimizer steps and at shutdown (atomically,
+core.checkpoint), and restores them when it is built: a restarted edge keeps
+the encoder the learner trained instead of going back to its seed weights.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from splitrl.core import wire
+from splitrl.core import checkpoint, wire
 from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.v1 import training_pb2
+
+log = logging.getLogger(__name__)
 
 #: Split mode: graphs kept for activations whose gradients have not come back yet. Every optimizer
 #: step invalidates all of them (the weights they saved change in place), so they are dropped then.
@@ -71,7 +80,13 @@ class EncoderTrainer:
         learning_rate: float,
         max_grad_norm: float,
         activation_codec: FloatCodec = "bf16",
+        checkpoint_path: Path | None = None,
+        checkpoint_every: int = 0,
     ) -> None:
+        """`checkpoint_path`: restore from it if it exists; save to it every `checkpoint_every` steps (0: only
+        when `save_checkpoint` is called)."""
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         self.encoder = encoder
         self.activation_codec: FloatCodec = activation_codec
         self.store = store
@@ -80,6 +95,32 @@ class EncoderTrainer:
         self.optimizer = torch.optim.Adam(encoder.parameters(), lr=learning_rate, eps=1e-5)
         self.version = 0
         self._graphs: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
+        self._saved_version = 0
+        if checkpoint_path is not None:
+            self._restore(checkpoint_path)
+
+    def save_checkpoint(self) -> None:
+        """Save encoder, optimizer and version if there is a path and anything new to save (compute thread)."""
+        if self.checkpoint_path is None or self.version == self._saved_version:
+            return
+        state = {
+            "version": self.version,
+            "encoder": self.encoder.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+        }
+        checkpoint.save(state, self.checkpoint_path)
+        self._saved_version = self.version
+
+    def _restore(self, path: Path) -> None:
+        state = checkpoint.load(path)
+        if state is None:
+            return
+        self.encoder.load_state_dict(state["encoder"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = self._saved_version = int(state["version"])
+        self.metrics.encoder_version.set(self.version)
+        log.info("encoder resumed from %s at version %d", path, self.version)
 
     def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
         """Split: recompute activations for the requested steps, keeping the graph for their gradients."""
@@ -132,6 +173,8 @@ class EncoderTrainer:
             self.version += 1
             self.metrics.encoder_updates.inc()
             self.metrics.encoder_version.set(self.version)
+            if self.checkpoint_every and self.version % self.checkpoint_every == 0:
+                self.save_checkpoint()
         return training_pb2.GradientsApplied(
             request_id=message.request_id, encoder_version=self.version, unknown_step_ids=unknown
         )

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from splitrl.core import rpc, trajectory, weights
+from splitrl.core import checkpoint, rpc, trajectory, weights
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
@@ -74,6 +74,8 @@ class LearnerService:
             self.trainer = Trainer(ActorCriticHead(model.width, spec), settings, self.edges)
         self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
         self.version = 0
+        #: Replay cursor, checkpointed: items this learner has sampled (over restarts) and the newest key.
+        self.samples_consumed, self.last_sampled_key = 0, -1
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
@@ -148,7 +150,9 @@ class LearnerService:
                 await asyncio.sleep(1.0)
                 continue
             self.replay_meter.received(response, phase="training", payload="batch")
+            self.samples_consumed += len(response.items)
             for item in response.items:
+                self.last_sampled_key = item.key
                 chunk = trajectory.from_proto(item.trajectory)
                 lag = self.version - int(chunk.policy_versions.min())
                 self.metrics.policy_lag.observe(lag)
@@ -224,25 +228,40 @@ class LearnerService:
         return None if self.settings.checkpoint_dir is None else self.settings.checkpoint_dir / "learner.pt"
 
     def _checkpoint(self) -> None:
+        """Model, optimizer, policy version, replay cursor and RNG states, atomically (core.checkpoint)."""
         path = self._checkpoint_path()
         if path is None or self.version == 0:
             return
-        path.parent.mkdir(parents=True, exist_ok=True)
         state = {
             "version": self.version,
             "network": self.trainer.network.state_dict(),
             "optimizer": self.trainer.optimizer.state_dict(),
+            "replay": {
+                "table": self.settings.replay_table,
+                "samples_consumed": self.samples_consumed,
+                "last_sampled_key": self.last_sampled_key,
+            },
+            "rng": checkpoint.rng_state(self.trainer.generator),
         }
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(path)  # atomic: a crash never leaves half a checkpoint
+        checkpoint.save(state, path)
 
     def _restore(self) -> None:
         path = self._checkpoint_path()
-        if path is None or not path.exists():
+        state = None if path is None else checkpoint.load(path)
+        if state is None:
             return
-        state = torch.load(path, weights_only=True)
         self.trainer.network.load_state_dict(state["network"])
         self.trainer.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        log.info("resumed from %s at version %d", path, self.version)
+        self.metrics.policy_version.set(self.version)
+        if "replay" in state:  # checkpoints from before the cursor and RNG were kept have neither
+            self.samples_consumed = int(state["replay"]["samples_consumed"])
+            self.last_sampled_key = int(state["replay"]["last_sampled_key"])
+            checkpoint.restore_rng(state["rng"], self.trainer.generator)
+        log.info(
+            "resumed from %s at version %d (%d items sampled so far, newest key %d)",
+            path,
+            self.version,
+            self.samples_consumed,
+            self.last_sampled_key,
+        )

@@ -89,7 +89,8 @@ class Trainer:
         self.settings = settings
         self.edges = edges
         self.optimizer = torch.optim.Adam(network.parameters(), lr=settings.learning_rate, eps=1e-5)
-        self._generator = torch.Generator().manual_seed(settings.seed)
+        #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
+        self.generator = torch.Generator().manual_seed(settings.seed)
 
     def update(self, batch: Batch) -> UpdateStats:
         s = self.settings
@@ -112,7 +113,7 @@ class Trainer:
         totals = torch.zeros(5)
         count = 0
         for _ in range(s.epochs):
-            order = torch.randperm(size, generator=self._generator)
+            order = torch.randperm(size, generator=self.generator)
             for start in range(0, size, minibatch):
                 terms = self._minibatch(flat, order[start : start + minibatch])
                 if terms is not None:
@@ -169,7 +170,7 @@ class Trainer:
             self.edges.return_gradients(ticket, leaf.grad)
         elif s.mode == "split-accumulate":
             assert self.edges is not None and leaf is not None and leaf.grad is not None
-            chosen = torch.rand(len(index), generator=self._generator) < s.encoder_fraction
+            chosen = torch.rand(len(index), generator=self.generator) < s.encoder_fraction
             if bool(chosen.any()):
                 rows = index[chosen]
                 self.edges.push_gradients(flat["step_ids"][rows], flat["encoder_versions"][rows], leaf.grad[chosen])
