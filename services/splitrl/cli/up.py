@@ -136,6 +136,7 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
             "codec": settings.codec,
             "activation_codec": settings.activation_codec,
             "seed": settings.seed,
+            "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
         }
     return {
         **common,
