@@ -61,3 +61,46 @@ class NetworkBenchSettings(EnvSettings, Settings):
         if any(width < 1 for width in value):
             raise ValueError(f"widths must be >= 1, got {value}")
         return value
+
+
+class ThroughputBenchSettings(EnvSettings, Settings):
+    """Env steps/s of a single-process loop vs the five-service stack per mode, side by side in one run;
+    hop latencies, batch sizes, policy lag, CPU per service; and a link microbenchmark vs raw TCP."""
+
+    env: str = Field("CarRacing-v3", description="Gymnasium env id (splitrl/Catch-v0 shows per-step overhead).")
+    num_envs: int = Field(8, ge=1, le=1024, description="Envs stepped together, in the baseline and the stack.")
+    steps: int = Field(2400, ge=1, description="Env steps per measurement, over all envs.")
+    modes: list[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated stack modes.")
+    codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec.")
+    activation_codec: FloatCodec = Field("bf16", description="Split modes' activation and gradient codec.")
+    out: Path = Field(Path("runs/bench-throughput"), description="Output directory: runs/, throughput.md, .json.")
+    torch_threads: int = Field(1, ge=1, description="torch threads in the baseline and in each service.")
+    warmup_fraction: float = Field(
+        0.15, ge=0, lt=1, description="Share of each measurement's env steps left out of its rate (start-up)."
+    )
+    link_sizes: list[int] = Field(
+        [512, 8192, 73728], description="Link microbenchmark: comma-separated tensor message sizes (bytes)."
+    )
+    link_seconds: float = Field(2.0, gt=0, description="Link microbenchmark: seconds per size and transport.")
+    skip_link: bool = Field(False, description="Leave out the link microbenchmark.")
+
+    @field_validator("modes", "link_sizes", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("modes", "link_sizes")
+    @classmethod
+    def _not_empty(cls, value: list[Any]) -> list[Any]:
+        if not value:
+            raise ValueError("needs at least one entry")
+        return value
+
+    @field_validator("link_sizes")
+    @classmethod
+    def _sizes_fit(cls, value: list[int]) -> list[int]:
+        if any(not 64 <= size <= 16 * 1024 * 1024 for size in value):
+            raise ValueError(f"link sizes must be in [64, 16 MiB] bytes, got {value}")
+        return value

@@ -1,5 +1,5 @@
 """`splitrl`: run one service (`serve SERVICE`), train locally (`up`), redraw a run's plot (`plot RUN_DIR`),
-benchmark (`bench network`) or report on runs (`report RUN_DIR...`)."""
+benchmark (`bench network|framing|throughput`) or report on runs (`report RUN_DIR...`)."""
 
 from __future__ import annotations
 
@@ -87,6 +87,14 @@ def _add_bench_and_report(commands: Any) -> None:
         description=FramingSettings.__doc__,
     )
     add_settings_arguments(framing, FramingSettings)
+    from splitrl.bench.settings import ThroughputBenchSettings
+
+    throughput = benches.add_parser(
+        "throughput",
+        help="Env steps/s of the stack per mode vs a single-process loop; hop latency, CPU; link vs raw TCP.",
+        description=ThroughputBenchSettings.__doc__,
+    )
+    add_settings_arguments(throughput, ThroughputBenchSettings)
     report = commands.add_parser(
         "report",
         help="Table (markdown, CSV) and figures of WAN bytes and return from finished runs.",
@@ -138,14 +146,20 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.bench.framing import FramingSettings, run_framing_bench
     from splitrl.bench.network import run_network_bench
-    from splitrl.bench.settings import NetworkBenchSettings
+    from splitrl.bench.settings import NetworkBenchSettings, ThroughputBenchSettings
+    from splitrl.bench.throughput import run_throughput_bench
 
-    settings_cls: Any = NetworkBenchSettings if args.bench == "network" else FramingSettings
+    benches: dict[str, tuple[Any, Callable[[Any], int]]] = {
+        "network": (NetworkBenchSettings, run_network_bench),
+        "framing": (FramingSettings, run_framing_bench),
+        "throughput": (ThroughputBenchSettings, run_throughput_bench),
+    }
+    settings_cls, run = benches[args.bench]
     try:
         settings: Any = settings_from_args(settings_cls, args)
     except ValueError as error:
         parser.exit(2, f"splitrl bench {args.bench}: {error}\n")
-    return run_network_bench(settings) if args.bench == "network" else run_framing_bench(settings)
+    return run(settings)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

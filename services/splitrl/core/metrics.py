@@ -17,7 +17,7 @@ import math
 from typing import Literal
 
 from google.protobuf.message import Message
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, Summary
 
 from splitrl.core import wire
 from splitrl.v1 import tensor_pb2
@@ -32,7 +32,11 @@ Phase = Literal["rollout", "training", "weights"]
 Payload = Literal["observation", "activation", "action", "gradient", "trajectory", "ack", "batch", "request", "weights"]
 
 LINK_LABELS = ("link", "direction", "phase", "payload")
-_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+#: Seconds; roughly x1.5-2 apart so that p50 / p99 read from buckets are within ~25% (`splitrl bench throughput`).
+_LATENCY_BUCKETS = (
+    0.0001, 0.00015, 0.00025, 0.0004, 0.0006, 0.001, 0.0015, 0.0025, 0.004, 0.006,
+    0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 2.5,
+)  # fmt: skip
 
 
 def tensor_elements(message: Message) -> int:
@@ -70,6 +74,9 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, ...: where CPU and memory go, per service
+        # (`splitrl bench throughput`, the load test). Services in one process (tests) report the same process.
+        ProcessCollector(registry=registry)
         self.run = Info(
             "splitrl_run",
             "The training mode (and, where it applies, the observation codec) of the run this service is part of. "
@@ -129,6 +136,20 @@ class Metrics:
         )
         self.trajectories = Counter(
             "splitrl_trajectories", "Trajectory chunks completed by inference.", registry=registry
+        )
+        self.trajectory_chunks_dropped = Counter(
+            "splitrl_trajectory_chunks_dropped",
+            "Per-env trajectory chunks inference abandoned unfinished because their Act stream ended (reason: "
+            "reconnect; the edge's next stream starts new chunks, so no chunk spans the gap). A stream the edge "
+            "closed at the end of a run counts too: inference cannot tell it from a broken one.",
+            ["reason"],
+            registry=registry,
+        )
+        self.reconnects = Counter(
+            "splitrl_reconnects",
+            "Times this service lost a peer it dials and redialled it (peer: the service dialled).",
+            ["peer"],
+            registry=registry,
         )
         self.replay_size = Gauge(
             "splitrl_replay_table_size", "Items stored in a replay table.", ["table"], registry=registry

@@ -70,6 +70,52 @@ def total(texts: Iterable[str], sample_name: str) -> float:
     return sum(value for text in texts for name, _, value in samples(text) if name == sample_name)
 
 
+def histogram(texts: Iterable[str], name: str, **match: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(cumulative buckets [(le, count)], sum, count) of histogram `name`, summed over expositions and over
+    every series whose labels include `match` (e.g. hop="edge-inference")."""
+    buckets: dict[float, float] = defaultdict(float)
+    total_sum = total_count = 0.0
+    for text in texts:
+        for sample, labels, value in samples(text):
+            if any(labels.get(key) != wanted for key, wanted in match.items()):
+                continue
+            if sample == f"{name}_bucket":
+                buckets[float(labels["le"])] += value
+            elif sample == f"{name}_sum":
+                total_sum += value
+            elif sample == f"{name}_count":
+                total_count += value
+    return sorted(buckets.items()), total_sum, total_count
+
+
+def quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """The `q` quantile of cumulative `buckets`, interpolated linearly inside its bucket (Prometheus's
+    histogram_quantile); None without observations. A quantile in the +Inf bucket is the largest finite bound."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile must be in [0, 1], got {q}")
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+def upper_bound(buckets: list[tuple[float, float]]) -> float | None:
+    """The smallest bucket bound that holds every observation (an upper bound on the maximum); None if empty."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total_count = buckets[-1][1]
+    return next(bound for bound, count in buckets if count >= total_count)
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {key: _plain(item) for key, item in sorted(value.items())}

@@ -1,0 +1,296 @@
+"""`splitrl bench throughput`: what the five-service split costs in env steps/s, measured side by side.
+
+One run, on one machine, in this order (the baseline twice, so drift over the run shows):
+
+1. baseline: the same envs and the same model (encoder + head) stepped in one Python loop with batched
+   inference, no gRPC (`baseline.py`);
+2. the five-service stack on loopback (`splitrl up`), once per mode, learner training as it does;
+3. the baseline again;
+4. the link microbenchmark (`link.py`).
+
+A rate leaves out each measurement's first `warmup_fraction` of env steps (start-up, first resets). The
+stack's hop latencies, batch sizes, policy lag and per-service CPU come from the services' own final
+/metrics. Results go to OUT/throughput.md and OUT/throughput.json and are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitrl.bench.baseline import BaselineResult, run_baseline, steady_window
+from splitrl.bench.link import LinkResult, measure
+from splitrl.bench.settings import ThroughputBenchSettings
+from splitrl.cli.args import to_argv
+from splitrl.core import scrape
+
+#: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
+HOPS = (
+    "environment-step",
+    "environment-edge",
+    "edge-encode",
+    "edge-inference",
+    "inference-queue",
+    "inference-compute",
+    "inference-replay",
+)
+SERVICES = ("environment", "edge-encoder", "inference", "replay", "learner")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Latency of one hop over a run, in seconds (p50 / p99 interpolated from histogram buckets)."""
+
+    count: int
+    mean_s: float
+    p50_s: float | None
+    p99_s: float | None
+
+
+@dataclass(frozen=True)
+class StackResult:
+    """One `splitrl up` run of the stack in `mode`; `steps` / `seconds` is the rate's window."""
+
+    mode: str
+    steps: int
+    seconds: float
+    wall_seconds: float
+    hops: dict[str, Hop]
+    mean_batch_size: float | None
+    policy_lag_mean: float | None
+    policy_lag_max_at_most: float | None
+    learner_updates: int
+    cpu_seconds: dict[str, float]
+    run_dir: str
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+
+@dataclass
+class ThroughputReport:
+    settings: dict[str, Any]
+    baselines: list[BaselineResult] = field(default_factory=list)
+    stacks: list[StackResult] = field(default_factory=list)
+    links: list[LinkResult] = field(default_factory=list)
+
+    @property
+    def baseline_steps_per_s(self) -> float:
+        """Mean of the baseline measurements (before and after the stack runs)."""
+        return sum(b.steps_per_s for b in self.baselines) / len(self.baselines)
+
+
+def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> StackResult:
+    """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory."""
+    flags: dict[str, Any] = {
+        "env": settings.env,
+        "env_kwargs": json.dumps(settings.env_kwargs),
+        "frame_size": settings.frame_size,
+        "frame_stack": settings.frame_stack,
+        "width": settings.width,
+        "mode": mode,
+        "codec": settings.codec,
+        "activation_codec": settings.activation_codec,
+        "gradient_codec": settings.activation_codec,
+        "steps": settings.steps,
+        "num_envs": settings.num_envs,
+        "torch_threads": settings.torch_threads,
+        "progress_interval_s": 0.5,
+        "run_dir": run_dir,
+    }
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", *to_argv(flags)]
+    finished = subprocess.run(command, stdout=subprocess.DEVNULL)
+    if finished.returncode != 0:
+        raise RuntimeError(f"splitrl up --mode {mode} failed (exit {finished.returncode}); see {run_dir / 'logs'}")
+    return read_stack(mode, run_dir, settings.warmup_fraction)
+
+
+def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
+    """A StackResult from a finished run directory: summary.json's live curve and the final /metrics."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    live = [(p["env_steps"], p["seconds"]) for p in summary["curve"][:-1] if "seconds" in p]
+    steps, seconds = steady_window(live, warmup_fraction)
+    texts = {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
+    every = list(texts.values())
+    hops = {}
+    for hop in HOPS:
+        buckets, total, count = scrape.histogram(every, "splitrl_hop_latency_seconds", hop=hop)
+        if count:
+            hops[hop] = Hop(int(count), total / count, scrape.quantile(buckets, 0.5), scrape.quantile(buckets, 0.99))
+    _, batch_sum, batch_count = scrape.histogram(every, "splitrl_inference_batch_size")
+    lag_buckets, lag_sum, lag_count = scrape.histogram(every, "splitrl_policy_lag")
+    return StackResult(
+        mode=mode,
+        steps=steps,
+        seconds=seconds,
+        wall_seconds=float(summary["wall_seconds"]),
+        hops=hops,
+        mean_batch_size=batch_sum / batch_count if batch_count else None,
+        policy_lag_mean=lag_sum / lag_count if lag_count else None,
+        policy_lag_max_at_most=scrape.upper_bound(lag_buckets),
+        learner_updates=int(summary["learner_updates"]),
+        cpu_seconds={name: scrape.total([text], "process_cpu_seconds_total") for name, text in texts.items()},
+        run_dir=str(run_dir),
+    )
+
+
+def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
+    """Run every measurement, print the tables, write OUT/throughput.{md,json}; returns an exit code."""
+    settings.out.mkdir(parents=True, exist_ok=True)
+    report = ThroughputReport(settings=json.loads(settings.model_dump_json()))
+    print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
+    try:
+        _measure_all(settings, report)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except RuntimeError as error:
+        print(f"splitrl bench throughput: {error}", file=sys.stderr)
+        return 1
+    markdown = render_markdown(report)
+    (settings.out / "throughput.md").write_text(markdown)
+    (settings.out / "throughput.json").write_text(json.dumps(as_json(report), indent=2))
+    print(markdown)
+    print(f"wrote {settings.out / 'throughput.md'} and {settings.out / 'throughput.json'}")
+    return 0
+
+
+def _measure_all(settings: ThroughputBenchSettings, report: ThroughputReport) -> None:
+    def baseline(label: str) -> None:
+        result = run_baseline(settings)
+        report.baselines.append(result)
+        print(f"baseline ({label}): {result.steps_per_s:,.1f} env steps/s")
+
+    baseline("before")
+    for mode in settings.modes:
+        stack = run_stack(settings, mode, settings.out / "runs" / mode)
+        report.stacks.append(stack)
+        print(f"stack {mode}: {stack.steps_per_s:,.1f} env steps/s")
+    baseline("after")
+    if not settings.skip_link:
+        for size in settings.link_sizes:
+            for transport in ("tcp", "grpc"):
+                link = measure(transport, size, settings.link_seconds)
+                report.links.append(link)
+                print(f"link {transport} {size:,} B: {link.messages_per_s:,.0f} msg/s")
+
+
+def as_json(report: ThroughputReport) -> dict[str, Any]:
+    return {
+        "settings": report.settings,
+        "baseline_steps_per_s": report.baseline_steps_per_s,
+        "baselines": [asdict(b) | {"steps_per_s": b.steps_per_s} for b in report.baselines],
+        "stacks": [
+            asdict(s) | {"steps_per_s": s.steps_per_s, "ratio": s.steps_per_s / report.baseline_steps_per_s}
+            for s in report.stacks
+        ],
+        "links": [link.as_dict() for link in report.links],
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_markdown(report: ThroughputReport) -> str:
+    """The tables: rates and ratios, hop latencies, CPU per service, link microbenchmark."""
+    s = report.settings
+    base = report.baseline_steps_per_s
+    lines = [
+        f"### Throughput: {s['env']}, {s['num_envs']} envs, {s['steps']:,} env steps per run, "
+        f"torch threads {s['torch_threads']}",
+        "",
+        "| run | env steps/s | x baseline | overhead us/env step | mean batch | policy lag mean / max<= | updates |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b, label in zip(report.baselines, ("before", "after", *map(str, range(2, 99))), strict=False):
+        lines.append(f"| baseline ({label}) | {b.steps_per_s:,.1f} | {b.steps_per_s / base:.2f} | - | "
+                     f"{s['num_envs']} | - | - |")  # fmt: skip
+    for r in report.stacks:
+        overhead_us = (1 / r.steps_per_s - 1 / base) * 1e6
+        lag = f"{_number(r.policy_lag_mean, 2)} / {_number(r.policy_lag_max_at_most, 0)}"
+        lines.append(
+            f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
+            f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
+        )
+    lines += _baseline_profile(report) + _hop_table(report) + _cpu_table(report) + _link_table(report)
+    return "\n".join(lines) + "\n"
+
+
+def _baseline_profile(report: ThroughputReport) -> list[str]:
+    b = report.baselines[0]
+    return [
+        "",
+        f"Baseline time per env step: env {b.env_us_per_step:,.0f} us, model (stack + act) "
+        f"{b.model_us_per_step:,.0f} us.",
+    ]
+
+
+def _hop_table(report: ThroughputReport) -> list[str]:
+    if not report.stacks:
+        return []
+    lines = [
+        "",
+        "Hop latency per vector step, ms (mean / p50 / p99):",
+        "",
+        "| hop | " + " | ".join(r.mode for r in report.stacks) + " |",
+        "|---|" + "---:|" * len(report.stacks),
+    ]
+    for hop in HOPS:
+        cells = []
+        for r in report.stacks:
+            h = r.hops.get(hop)
+            cells.append("-" if h is None else f"{_ms(h.mean_s)} / {_ms(h.p50_s)} / {_ms(h.p99_s)}")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {hop} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cpu_table(report: ThroughputReport) -> list[str]:
+    if not report.stacks:
+        return []
+    lines = [
+        "",
+        "Where time goes: CPU seconds per service / wall seconds of the run (1.00 = one core busy):",
+        "",
+        "| service | " + " | ".join(r.mode for r in report.stacks) + " |",
+        "|---|" + "---:|" * len(report.stacks),
+    ]
+    for service in SERVICES:
+        cells = [
+            _number(r.cpu_seconds[service] / r.wall_seconds, 2) if service in r.cpu_seconds else "-"
+            for r in report.stacks
+        ]
+        lines.append(f"| {service} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _link_table(report: ThroughputReport) -> list[str]:
+    if not report.links:
+        return []
+    lines = [
+        "",
+        "Link microbenchmark, one stream on loopback (receiver in another process):",
+        "",
+        "| message | raw TCP msg/s | gRPC msg/s | raw TCP MB/s | gRPC MB/s | gRPC / TCP |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key = {(link.transport, link.message_bytes): link for link in report.links}
+    for size in sorted({link.message_bytes for link in report.links}):
+        tcp, grpc_ = by_key.get(("tcp", size)), by_key.get(("grpc", size))
+        if tcp is None or grpc_ is None:
+            continue
+        lines.append(
+            f"| {size:,} B | {tcp.messages_per_s:,.0f} | {grpc_.messages_per_s:,.0f} | {tcp.megabytes_per_s:,.1f} | "
+            f"{grpc_.megabytes_per_s:,.1f} | {grpc_.messages_per_s / tcp.messages_per_s:.2f} |"
+        )
+    return lines

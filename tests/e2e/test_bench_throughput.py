@@ -1,0 +1,44 @@
+"""`splitrl bench throughput` as a user runs it, on the fast env at a small size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--env", "splitrl/Catch-v0"]
+    command += ["--frame-size", "36", "--width", "256", "--num-envs", "4", "--steps", "2000"]
+    command += ["--modes", "split-accumulate", "--link-sizes", "512,8192", "--link-seconds", "0.3", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    figures = json.loads((out / "throughput.json").read_text())
+    assert len(figures["baselines"]) == 2 and figures["baseline_steps_per_s"] > 0
+    (stack,) = figures["stacks"]
+    assert stack["mode"] == "split-accumulate" and stack["steps_per_s"] > 0 and stack["ratio"] > 0
+    assert stack["steps"] <= 2000 and stack["seconds"] > 0
+    assert stack["mean_batch_size"] >= 1
+    for hop in ("environment-edge", "edge-inference", "inference-compute"):
+        assert stack["hops"][hop]["count"] > 0 and stack["hops"][hop]["p99_s"] >= stack["hops"][hop]["p50_s"]
+    assert set(stack["cpu_seconds"]) == {"environment", "edge-encoder", "inference", "replay", "learner"}
+    assert all(seconds > 0 for seconds in stack["cpu_seconds"].values())
+    assert {(link["transport"], link["message_bytes"]) for link in figures["links"]} == {
+        ("tcp", 512),
+        ("grpc", 512),
+        ("tcp", 8192),
+        ("grpc", 8192),
+    }
+    assert all(link["messages"] > 0 for link in figures["links"])
+    table = (out / "throughput.md").read_text()
+    assert "| stack split-accumulate |" in table and "gRPC / TCP" in table
+    assert "| stack split-accumulate |" in result.stdout
+
+
+def test_bench_throughput_refuses_bad_settings() -> None:
+    command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--link-sizes", "8"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "link sizes must be in [64, 16 MiB]" in result.stderr

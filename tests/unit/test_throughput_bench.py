@@ -1,0 +1,86 @@
+"""The throughput bench's arithmetic: histogram quantiles, the steady-rate window, link messages, the table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from splitrl.bench.baseline import BaselineResult, steady_window
+from splitrl.bench.link import LinkResult, tensor_message
+from splitrl.bench.throughput import Hop, StackResult, ThroughputReport, render_markdown
+from splitrl.core import scrape, wire
+
+
+def _exposition(values: list[float], buckets: tuple[float, ...], **labels: str) -> str:
+    registry = CollectorRegistry()
+    histogram = Histogram("h", "test", list(labels), buckets=buckets, registry=registry)
+    series = histogram.labels(**labels) if labels else histogram
+    for value in values:
+        series.observe(value)
+    return generate_latest(registry).decode()
+
+
+def test_quantiles_interpolate_inside_buckets_like_prometheus() -> None:
+    text = _exposition([0.5] * 50 + [1.5] * 50, buckets=(1, 2, 4))
+    buckets, total, count = scrape.histogram([text], "h")
+    assert count == 100 and total == pytest.approx(100.0)
+    assert scrape.quantile(buckets, 0.5) == pytest.approx(1.0)  # the 50th observation ends bucket (0, 1]
+    assert scrape.quantile(buckets, 0.75) == pytest.approx(1.5)  # halfway through bucket (1, 2]
+    assert scrape.quantile(buckets, 0.99) == pytest.approx(1.98)
+    assert scrape.upper_bound(buckets) == 2
+
+
+def test_histograms_sum_over_expositions_and_select_labels() -> None:
+    a = _exposition([0.1, 0.1], buckets=(0.2, 1), hop="a")
+    b = _exposition([0.5], buckets=(0.2, 1), hop="a")
+    other = _exposition([0.9] * 5, buckets=(0.2, 1), hop="b")
+    buckets, total, count = scrape.histogram([a, b, other], "h", hop="a")
+    assert count == 3 and total == pytest.approx(0.7)
+    assert dict(buckets)[0.2] == 2 and dict(buckets)[1.0] == 3
+
+
+def test_quantile_of_nothing_is_none_and_bad_q_is_refused() -> None:
+    buckets, _, count = scrape.histogram([_exposition([], buckets=(1,))], "h")
+    assert count == 0 and scrape.quantile(buckets, 0.5) is None and scrape.upper_bound(buckets) is None
+    with pytest.raises(ValueError, match="quantile"):
+        scrape.quantile([(1.0, 1.0)], 1.5)
+
+
+def test_a_quantile_past_the_last_bound_reports_that_bound() -> None:
+    buckets, _, _ = scrape.histogram([_exposition([10.0], buckets=(1, 2))], "h")
+    assert scrape.quantile(buckets, 0.99) == 2.0 and math.isinf(scrape.upper_bound(buckets) or 0)
+
+
+def test_steady_window_leaves_out_the_warm_up() -> None:
+    # 100 steps in the first 10 s (slow start), then 100 steps/s.
+    points = [(0, 0.0), (100, 10.0), (600, 15.0), (1100, 20.0)]
+    assert steady_window(points, warmup_fraction=0.05) == (1000, 10.0)
+    assert steady_window(points, warmup_fraction=0.0) == (1100, 20.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        steady_window([(5, 1.0)], 0.1)
+    with pytest.raises(ValueError, match="no progress"):
+        steady_window([(0, 0.0), (10, 1.0)], 0.99)
+
+
+@pytest.mark.parametrize("size", [64, 512, 8192, 73728, 300_001])
+def test_link_messages_are_tensors_of_exactly_the_asked_size(size: int) -> None:
+    data = tensor_message(size)
+    assert len(data) == size
+    assert wire.decode(wire.Tensor.FromString(data)).dtype.is_floating_point is False
+
+
+def test_the_report_states_ratios_overheads_and_link_costs() -> None:
+    report = ThroughputReport(settings={"env": "E", "num_envs": 8, "steps": 800, "torch_threads": 1})
+    report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0), BaselineResult(1000, 1.0, 700.0, 300.0)]
+    hop = Hop(count=10, mean_s=0.002, p50_s=0.0015, p99_s=0.009)
+    report.stacks = [
+        StackResult("split-accumulate", 800, 1.0, 1.2, {"edge-inference": hop}, 8.0, 1.5, 3.0, 4, {"learner": 0.6}, "r")
+    ]
+    report.links = [LinkResult("tcp", 512, 1000, 1.0), LinkResult("grpc", 512, 100, 1.0)]
+    text = render_markdown(report)
+    assert "| stack split-accumulate | 800.0 | **0.80** | 250 | 8.0 | 1.50 / 3 | 4 |" in text
+    assert "| edge-inference | 2.00 / 1.50 / 9.00 |" in text
+    assert "| learner | 0.50 |" in text  # 0.6 CPU s over 1.2 wall s
+    assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text
