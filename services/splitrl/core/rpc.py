@@ -32,18 +32,38 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
+    # gRPC's own reconnect backoff (default up to 120 s) must not outlast ours (core/backoff.py, a few s):
+    # a restarted peer is then reached within about 2 s of coming back.
+    ("grpc.initial_reconnect_backoff_ms", 500),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    # Servers ping too, so a dead client (an edge that lost power) is detected and its stream state freed.
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.so_reuseport", 0),
 )
 
 
 #: Statuses a caller may retry after a pause: the peer was slow, or not (yet, or any more) reachable.
 TRANSIENT_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+#: Statuses by which a peer refuses this caller or its request: redialling cannot help, so they are passed on.
+#: Any other failure of a stream (reset, cancelled, internal, timed out) is a lost peer, and is redialled.
+REFUSAL_CODES = frozenset(
+    {
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+    }
+)
 
 
 class BadRequest(ValueError):
