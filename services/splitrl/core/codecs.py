@@ -6,6 +6,7 @@ The codec is fixed per stream and announced in the stream's metadata
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Sequence
 from typing import Literal
 
@@ -16,6 +17,14 @@ from splitrl.core.wire import DType
 StreamCodec = Literal["activation", "frame", "stack-bf16"]
 CODEC_METADATA_KEY = "splitrl-codec"
 EDGE_ID_METADATA_KEY = "splitrl-edge-id"
+#: Names one environment stream (random per stream, SEED RL's run id): inference keeps per-stream state
+#: (frame stacks, trajectories in progress) for one run id only, so nothing spans a reconnect.
+RUN_ID_METADATA_KEY = "splitrl-run-id"
+
+
+def new_run_id() -> str:
+    """A fresh random run id (16 hex digits) for a new stream."""
+    return secrets.token_hex(8)
 
 
 def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:

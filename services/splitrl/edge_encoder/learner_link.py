@@ -17,6 +17,8 @@ from typing import TypeVar
 import grpc
 
 from splitrl.core import rpc, wire
+from splitrl.core.backoff import Backoff
+from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest
 from splitrl.edge_encoder.training import EncoderTrainer
@@ -24,7 +26,6 @@ from splitrl.v1 import training_pb2, training_pb2_grpc
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-REDIAL_DELAY_S = (0.5, 5.0)  # first and longest wait between dials
 METHOD = "/splitrl.v1.EncoderTraining/Train"
 
 
@@ -40,6 +41,8 @@ class LearnerLink:
         edge_id: str,
         metrics: Metrics,
         compute: Executor,
+        transport: TransportSettings,
+        backoff: Backoff,
     ) -> None:
         self.address = address
         self.trainer = trainer
@@ -48,26 +51,28 @@ class LearnerLink:
         self.metrics = metrics
         self.meter = LinkMeter(metrics, "learner-encoder")
         self.compute = compute
+        self.transport = transport  # this edge's TLS settings, for dialling the learner
+        self.backoff = backoff  # between redials; reset once a stream is open
 
     async def run(self) -> None:
         """Serve the learner until cancelled, redialling with backoff when the stream ends."""
-        delay = REDIAL_DELAY_S[0]
         while True:
             try:
-                async with rpc.insecure_channel(self.address) as channel:
+                async with rpc.dial(self.address, self.transport) as channel:
                     await channel.channel_ready()  # no hello is counted as sent to a learner that is not there
                     await self._serve(training_pb2_grpc.EncoderTrainingStub(channel).Train())
-                delay = REDIAL_DELAY_S[0]
+                reason = "the learner ended it"
             except grpc.aio.AioRpcError as error:
                 if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. a width mismatch: redialling cannot help
                     raise ValueError(f"learner {self.address} refused this edge: {error.details()}") from None
-                log.info("learner stream ended (%s); redialling in %.1fs", error.code().name, delay)
+                reason = error.code().name
             except (ConnectionError, RuntimeError) as error:  # a broken stream or a failed torch step: start over
-                log.warning("training stream to learner failed (%s); redialling in %.1fs", error, delay)
+                reason = str(error)
             finally:
                 await self._on_compute(self.trainer.forget_pending)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, REDIAL_DELAY_S[1])
+            self.metrics.reconnects.labels(peer="learner").inc()
+            delay = await self.backoff.sleep()
+            log.warning("training stream to learner %s ended (%s); redialled after %.2fs", self.address, reason, delay)
 
     async def _serve(self, call: grpc.aio.StreamStreamCall) -> None:
         hello = training_pb2.EdgeMessage(
@@ -81,6 +86,7 @@ class LearnerLink:
         self.meter.sent(hello, phase="training", payload="request")
         await call.write(hello)
         log.info("training stream to learner %s open", self.address)
+        self.backoff.reset()  # the learner took the hello: this connection works
         async for message in call:
             reply = await self._answer(message)
             await call.write(reply)

@@ -5,6 +5,10 @@ mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
 the newest uint8 frame / the bf16 stack (cloud).
 Activations use the configured float codec (bf16, int8, fp8, optionally +zstd). Actions come back the same way.
 
+If the Act stream to inference breaks, the environment's step is held and sent
+again on a new Act stream (new run id, jittered exponential backoff): inference
+never stitches steps from before and after the gap into one trajectory.
+
 In split modes it also keeps each step's frame stack by step id and dials the
 learner (`learner_link`), which trains the encoder through it. All encoder work
 (rollout forwards and training steps) runs on one compute thread, in order.
@@ -24,6 +28,7 @@ import grpc
 import torch
 
 from splitrl.core import codecs, rpc, wire
+from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import Encoder
@@ -74,6 +79,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             edge_id=settings.edge_id,
             metrics=metrics,
             compute=self._compute,
+            transport=settings,
+            backoff=Backoff.of(settings),
         )
         self._link_loop = BackgroundLoop("learner link")
         self._channel: grpc.aio.Channel | None = None
@@ -88,7 +95,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         return self._link_loop.failure
 
     async def start(self) -> None:
-        self._channel = rpc.insecure_channel(self.settings.inference_address)
+        self._channel = rpc.dial(self.settings.inference_address, self.settings)
         if self.settings.mode != "cloud":
             self._link_loop.start(self.learner_link.run)
 
@@ -103,36 +110,89 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     async def Rollout(
         self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.EnvAction]:
-        assert self._channel is not None, "start() not called"
-        metadata = ((codecs.CODEC_METADATA_KEY, self.codec), (codecs.EDGE_ID_METADATA_KEY, self.settings.edge_id))
-        call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
+        env_run_id = dict(context.invocation_metadata() or ()).get(codecs.RUN_ID_METADATA_KEY) or codecs.new_run_id()
         stream = _EnvStream(self.settings)
+        upstream = _ActStream(env_run_id)
+        backoff = Backoff.of(self.settings)
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
                 request = await self._act_request(stream, step)
-                sent_at = time.perf_counter()
-                self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
-                if call.done():  # inference ended the stream (e.g. refused it): report why, not a failed write
-                    await rpc.raise_if_failed(call)
-                    raise ConnectionError("inference closed the stream")
-                await call.write(request)
-                response = await call.read()
-                if response is grpc.aio.EOF:
-                    await rpc.raise_if_failed(call)
-                    raise ConnectionError("inference closed the stream")
-                self.wan_meter.received(response, phase="rollout", payload="action")
-                self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
+                response = await self._act(upstream, request, backoff)
                 reply = rollout_pb2.EnvAction(
                     sequence=step.sequence, actions=response.actions, policy_version=response.policy_version
                 )
                 self.env_meter.sent(reply, phase="rollout", payload="action")
                 yield reply
-            await call.done_writing()
-        except grpc.aio.AioRpcError as error:
-            raise rpc.UpstreamFailed("inference", error) from None
+            if upstream.call is not None:
+                await upstream.call.done_writing()
         finally:
-            call.cancel()
+            upstream.close()
+
+    async def _act(
+        self, upstream: _ActStream, request: rollout_pb2.ActRequest, backoff: Backoff
+    ) -> rollout_pb2.ActResponse:
+        """Send `request` to inference and return its answer, reopening the Act stream as often as it breaks.
+
+        The environment's step is held meanwhile and sent again, as sequence 0 of a stream with a new run id:
+        inference starts fresh trajectories for it. A refusal (rpc.REFUSAL_CODES) is passed on as it is.
+        """
+        while True:
+            call = upstream.call or self._open(upstream)
+            request.sequence = upstream.sequence
+            try:
+                response = await self._exchange(call, request, upstream)
+                backoff.reset()  # inference answered: this stream works
+                return response
+            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, asyncio.InvalidStateError) as error:
+                if isinstance(error, grpc.aio.AioRpcError) and error.code() in rpc.REFUSAL_CODES:
+                    raise rpc.UpstreamFailed("inference", error) from None
+                lost = upstream.close()
+                self.metrics.reconnects.labels(peer="inference").inc()
+                delay = await backoff.sleep()
+                log.warning(
+                    "env run %s: Act stream %s to inference lost after %d steps (%s); reopening after %.2fs",
+                    upstream.env_run_id,
+                    lost,
+                    request.sequence,
+                    _describe(error),
+                    delay,
+                )
+
+    def _open(self, upstream: _ActStream) -> grpc.aio.StreamStreamCall:
+        assert self._channel is not None, "start() not called"
+        # The first Act stream carries the environment's run id; each reopened one a new id derived from it.
+        upstream.run_id = upstream.env_run_id if upstream.opened == 0 else f"{upstream.env_run_id}.{upstream.opened}"
+        upstream.opened += 1
+        metadata = (
+            (codecs.CODEC_METADATA_KEY, self.codec),
+            (codecs.EDGE_ID_METADATA_KEY, self.settings.edge_id),
+            (codecs.RUN_ID_METADATA_KEY, upstream.run_id),
+        )
+        upstream.call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
+        upstream.sequence = 0
+        log.info("env run %s: Act stream to inference open as run %s", upstream.env_run_id, upstream.run_id)
+        return upstream.call
+
+    async def _exchange(
+        self, call: grpc.aio.StreamStreamCall, request: rollout_pb2.ActRequest, upstream: _ActStream
+    ) -> rollout_pb2.ActResponse:
+        """One request / response on an open Act stream; raises if it is broken or inference does not answer."""
+        sent_at = time.perf_counter()
+        if call.done():  # inference ended the stream (e.g. refused it): report why, not a failed write
+            await rpc.raise_if_failed(call)
+            raise ConnectionError("inference closed the stream")
+        self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
+        await call.write(request)
+        # Per-message liveness: inference that keeps the connection but stops answering is given up on.
+        response = await asyncio.wait_for(call.read(), self.settings.inference_timeout_s)
+        if response is grpc.aio.EOF:
+            await rpc.raise_if_failed(call)
+            raise ConnectionError("inference closed the stream")
+        self.wan_meter.received(response, phase="rollout", payload="action")
+        self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
+        upstream.sequence += 1
+        return response
 
     async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> rollout_pb2.ActRequest:
         frames, episode_start = stream.accept(step)
@@ -166,6 +226,30 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         with torch.no_grad():
             activations = self.encoder(stacks)
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
+
+
+class _ActStream:
+    """The Act stream that serves one environment stream now; replaced (new run id) whenever it breaks."""
+
+    def __init__(self, env_run_id: str) -> None:
+        self.env_run_id = env_run_id
+        self.run_id = ""
+        self.call: grpc.aio.StreamStreamCall | None = None
+        self.sequence = 0  # of the next ActRequest on `call`
+        self.opened = 0  # Act streams opened so far for this environment stream
+
+    def close(self) -> str:
+        """Cancel the current call, if any; returns its run id."""
+        if self.call is not None:
+            self.call.cancel()
+            self.call = None
+        return self.run_id
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, grpc.aio.AioRpcError):
+        return f"{error.code().name}: {error.details()}"
+    return repr(error) if isinstance(error, TimeoutError) else str(error)
 
 
 class _EnvStream:

@@ -5,10 +5,11 @@ from pathlib import Path
 
 from pydantic import Field
 
+from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, ServerSettings
 
 
-class EdgeEncoderSettings(ServerSettings, EnvSettings):
+class EdgeEncoderSettings(ServerSettings, EnvSettings, RedialSettings):
     """Settings of `splitrl serve edge-encoder`."""
 
     inference_address: str = Field("127.0.0.1:50052", description="host:port of inference (the edge dials out).")
@@ -44,4 +45,10 @@ class EdgeEncoderSettings(ServerSettings, EnvSettings):
     )
     checkpoint_every: int = Field(
         200, ge=1, description="Encoder optimizer steps between checkpoints (also saved on shutdown)."
+    )
+    inference_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="Longest wait (s) for inference to answer one step; past it the Act stream is reopened "
+        "(keep it below the environment's peer_timeout_s).",
     )

@@ -2,10 +2,11 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import EnvSettings, ServerSettings
 
 
-class EnvironmentSettings(ServerSettings, EnvSettings):
+class EnvironmentSettings(ServerSettings, EnvSettings, RedialSettings):
     """Settings of `splitrl serve environment`."""
 
     encoder_address: str = Field("127.0.0.1:50051", description="host:port of the edge-encoder to stream to.")
@@ -14,4 +15,10 @@ class EnvironmentSettings(ServerSettings, EnvSettings):
     seed: int = Field(0, ge=0, description="Seed of the first env; env i gets seed + i.")
     max_steps: int = Field(
         0, ge=0, description="Stop after this many agent steps over all envs (0: run until stopped)."
+    )
+    peer_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait (s) for the edge-encoder to accept a stream or answer one step; "
+        "past it the stream is abandoned and redialled.",
     )

@@ -4,6 +4,12 @@ Each stream submits its vector step and awaits the result. A batch closes when
 it holds `max_batch_size` rows, when `max_wait_s` has passed since its first
 request, or as soon as every open stream has a request in it (waiting longer
 could not make it bigger).
+
+Memory is bounded: at most `max_queued` requests wait for a batch; a stream
+that submits beyond that waits in `submit` (and so stops reading its gRPC
+stream, which HTTP/2 flow control turns into backpressure on the edge). Each
+stream has at most one request in flight, so with fewer than `max_queued`
+streams the bound is never reached.
 """
 
 from __future__ import annotations
@@ -37,16 +43,20 @@ class Batcher:
         metrics: Metrics,
         max_batch_size: int,
         max_wait_s: float,
+        max_queued: int = 1024,
     ) -> None:
-        if max_batch_size < 1 or max_wait_s < 0:
-            raise ValueError(f"need max_batch_size >= 1 and max_wait_s >= 0, got {max_batch_size}, {max_wait_s}")
+        if max_batch_size < 1 or max_wait_s < 0 or max_queued < 1:
+            raise ValueError(
+                f"need max_batch_size >= 1, max_wait_s >= 0 and max_queued >= 1, "
+                f"got {max_batch_size}, {max_wait_s}, {max_queued}"
+            )
         self._act, self._executor, self._metrics = act, executor, metrics
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_s
-        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue(maxsize=max_queued)
         self.open_streams = 0
 
     async def submit(self, observations: torch.Tensor) -> Decisions:
-        """Queue one stream's rows and wait for their decisions."""
+        """Queue one stream's rows and wait for their decisions; waits for room while `max_queued` are queued."""
         future: asyncio.Future[Decisions] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Request(observations, future))
         return await future

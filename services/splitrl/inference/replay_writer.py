@@ -27,6 +27,8 @@ from collections import OrderedDict
 import grpc
 
 from splitrl.core import rpc
+from splitrl.core.backoff import Backoff
+from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -36,10 +38,20 @@ log = logging.getLogger(__name__)
 class ReplayWriter:
     """Streams InsertRequests to one replay table; `flush` waits until everything queued is acknowledged."""
 
-    def __init__(self, address: str, table: str, metrics: Metrics, max_pending: int) -> None:
+    def __init__(
+        self,
+        address: str,
+        table: str,
+        metrics: Metrics,
+        max_pending: int,
+        transport: TransportSettings,
+        backoff: Backoff | None = None,
+    ) -> None:
         if max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.address, self.table, self._metrics = address, table, metrics
+        self.transport = transport  # inference's TLS settings, for dialling replay
+        self._backoff = backoff or Backoff(0.1, 5.0)  # between redials; reset by every acknowledgement
         self._meter = LinkMeter(metrics, "inference-replay")
         self._slots = asyncio.Semaphore(max_pending)
         self._unacked: OrderedDict[int, tuple[replay_pb2.InsertRequest, float]] = OrderedDict()
@@ -73,19 +85,24 @@ class ReplayWriter:
 
     async def run(self) -> None:
         """Keep a stream to replay open, reconnecting with backoff, until cancelled."""
-        backoff = 0.1
-        async with rpc.insecure_channel(self.address) as channel:
+        async with rpc.dial(self.address, self.transport) as channel:
             stub = replay_pb2_grpc.ReplayStub(channel)
             while True:
                 try:
                     await self._stream(stub)
-                    backoff = 0.1
+                    reason = "replay ended it"
                 except asyncio.CancelledError:
                     raise
                 except Exception as error:  # any broken stream: reconnect, re-send what is unacknowledged
-                    log.warning("replay stream broke (%s); retrying in %.1fs", error, backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    reason = str(error) if not isinstance(error, grpc.aio.AioRpcError) else error.code().name
+                self._metrics.reconnects.labels(peer="replay").inc()
+                delay = await self._backoff.sleep()
+                log.warning(
+                    "replay stream ended (%s); redialled after %.2fs, re-sending %d chunks",
+                    reason,
+                    delay,
+                    len(self._unacked),
+                )
 
     async def _stream(self, stub: replay_pb2_grpc.ReplayStub) -> None:
         # Re-send, in order, whatever the previous stream did not get acknowledged.
@@ -121,6 +138,7 @@ class ReplayWriter:
                 continue  # a duplicate acknowledgement of a re-sent chunk
             self._metrics.hop_latency.labels(hop="inference-replay").observe(time.perf_counter() - entry[1])
             self.acknowledged += 1
+            self._backoff.reset()
             self._slots.release()
             if not self._unacked:
                 self._idle.set()

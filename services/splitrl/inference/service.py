@@ -18,6 +18,7 @@ import grpc
 import torch
 
 from splitrl.core import codecs, weights, wire
+from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
@@ -55,10 +56,20 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.policy = Policy(settings.mode == "cloud", self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         self.batcher = Batcher(
-            self.policy.act, self._executor, metrics, settings.max_batch_size, settings.max_wait_ms / 1000
+            self.policy.act,
+            self._executor,
+            metrics,
+            settings.max_batch_size,
+            settings.max_wait_ms / 1000,
+            max_queued=settings.max_queued_requests,
         )
         self.writer = ReplayWriter(
-            settings.replay_address, settings.replay_table, metrics, settings.max_pending_inserts
+            settings.replay_address,
+            settings.replay_table,
+            metrics,
+            settings.max_pending_inserts,
+            settings,
+            Backoff.of(settings),
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -90,7 +101,10 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     ) -> AsyncIterator[rollout_pb2.ActResponse]:
         metadata = dict(context.invocation_metadata() or ())
         codec = metadata.get(codecs.CODEC_METADATA_KEY)
+        # Every stream is a new run: its frame stacks and trajectories start empty, whoever sends it.
         stream = _EdgeStream(self.settings, self.codec)
+        run_id = metadata.get(codecs.RUN_ID_METADATA_KEY, "(none)")
+        log.info("Act stream open: edge %s, run %s", metadata.get(codecs.EDGE_ID_METADATA_KEY, "?"), run_id)
         self.batcher.open_streams += 1
         try:
             async for request in request_iterator:
@@ -116,6 +130,12 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                     await self.writer.put(chunk.to_proto())
         finally:
             self.batcher.open_streams -= 1
+            # The chunk in progress is never finished by another stream: a reconnecting edge gets a new run.
+            # (A killed edge ends the request stream just as one that closed it does, so both count here.)
+            unfinished = stream.unfinished_chunks()
+            if unfinished:
+                self.metrics.trajectory_chunks_dropped.labels(reason="reconnect").inc(unfinished)
+                log.info("Act stream of run %s ended; %d unfinished chunks dropped", run_id, unfinished)
 
     async def Publish(
         self, request_iterator: AsyncIterator[weights_pb2.Weights], context: grpc.aio.ServicerContext
@@ -180,6 +200,10 @@ class _EdgeStream:
         if self.codec == "stack-bf16":
             return observations.clamp(0, 255).round().to(torch.uint8)
         return observations
+
+    def unfinished_chunks(self) -> int:
+        """Per-env chunks begun but not cut: what is lost if the stream ends now."""
+        return (self.num_envs or 0) if self.cutter.pending_steps else 0
 
     def record(
         self, request: rollout_pb2.ActRequest, observations: torch.Tensor, decisions: Decisions

@@ -38,6 +38,11 @@ class TrajectoryCutter:
         self.unroll_length = unroll_length
         self._steps: list[_Step] = []
 
+    @property
+    def pending_steps(self) -> int:
+        """Vector steps held towards the next chunk (0 only before the first step: a cut keeps its bootstrap step)."""
+        return len(self._steps)
+
     def add(
         self,
         observations: torch.Tensor,

@@ -23,16 +23,18 @@ import grpc
 import torch
 
 from splitrl.core import checkpoint, rpc, trajectory, weights
+from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
+from splitrl.learner.publisher import WeightsPublisher
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer, UpdateStats
 from splitrl.replay.selectors import importance_weights
-from splitrl.v1 import replay_pb2, replay_pb2_grpc, training_pb2_grpc, weights_pb2_grpc
+from splitrl.v1 import replay_pb2, replay_pb2_grpc, training_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +62,6 @@ class LearnerService:
             {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
         )
         self.replay_meter = LinkMeter(metrics, "replay-learner")
-        self.weights_meter = LinkMeter(metrics, "learner-inference")
         torch.manual_seed(settings.seed)
         model = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
         spec = action_spec_of(settings.env, settings.env_kwargs)
@@ -79,6 +80,7 @@ class LearnerService:
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
+        self._replay_backoff = Backoff.of(settings)
         self._restore()
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -107,31 +109,41 @@ class LearnerService:
         self._checkpoint()
 
     async def run(self) -> None:
+        """Train until `max_updates` (or until stopped). A lost replay or inference is waited for, never fatal."""
         s = self.settings
-        async with rpc.insecure_channel(s.replay_address) as replay, rpc.insecure_channel(s.inference_address) as inf:
-            replay_stub = replay_pb2_grpc.ReplayStub(replay)
-            publish = weights_pb2_grpc.PolicyUpdatesStub(inf).Publish()
-            loop = asyncio.get_running_loop()
-            if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
-                await self._publish(publish)
-            while not s.max_updates or self.version < s.max_updates:
-                chunks, sampled = await self._collect(replay_stub)
-                await self._wait_for_an_edge()
-                batch = Batch.stack(chunks, self._importance_weights(sampled))
-                self._update = self._executor.submit(self.trainer.update, batch)
-                stats = await asyncio.wrap_future(self._update)
-                self._update = None
-                if stats.optimizer_steps == 0:
-                    log.warning("no row of this batch could be trained (edges gone?); the policy is unchanged")
-                    continue
-                self.version += 1
-                self._record(stats)
-                if s.priority_updates:
-                    await self._update_priorities(replay_stub, sampled, stats.chunk_priorities)
-                await self._publish(publish)
-                if self.version % s.checkpoint_every == 0:
-                    await loop.run_in_executor(self._executor, self._checkpoint)
-            await publish.done_writing()
+        publisher = WeightsPublisher(
+            s.inference_address, s, self.metrics, Backoff.of(s), ack_timeout_s=s.publish_timeout_s
+        )
+        publishing = asyncio.create_task(publisher.run(), name="weights publisher")
+        try:
+            async with rpc.dial(s.replay_address, s) as replay:
+                replay_stub = replay_pb2_grpc.ReplayStub(replay)
+                loop = asyncio.get_running_loop()
+                if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
+                    publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
+                while not s.max_updates or self.version < s.max_updates:
+                    chunks, sampled = await self._collect(replay_stub)
+                    await self._wait_for_an_edge()
+                    batch = Batch.stack(chunks, self._importance_weights(sampled))
+                    self._update = self._executor.submit(self.trainer.update, batch)
+                    stats = await asyncio.wrap_future(self._update)
+                    self._update = None
+                    if stats.optimizer_steps == 0:
+                        log.warning("no row of this batch could be trained (edges gone?); the policy is unchanged")
+                        continue
+                    self.version += 1
+                    self._record(stats)
+                    if s.priority_updates:
+                        await self._update_priorities(replay_stub, sampled, stats.chunk_priorities)
+                    # Serialized here, between updates, while the trainer thread is idle; delivered in the background.
+                    publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
+                    if self.version % s.checkpoint_every == 0:
+                        await loop.run_in_executor(self._executor, self._checkpoint)
+                if self.version > 0 and not await publisher.delivered(self.version, s.publish_timeout_s):
+                    log.warning("inference did not acknowledge version %d before the learner finished", self.version)
+        finally:
+            publishing.cancel()
+            await asyncio.gather(publishing, return_exceptions=True)
 
     async def _collect(self, stub: replay_pb2_grpc.ReplayStub) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
         """Sample until `chunks_per_update` fresh-enough chunks are in hand; also return what replay said of each."""
@@ -144,11 +156,14 @@ class LearnerService:
             try:
                 response = await stub.Sample(request, timeout=SAMPLE_WAIT_S)
             except grpc.aio.AioRpcError as error:
-                if error.code() not in rpc.TRANSIENT_CODES:
+                if error.code() in rpc.REFUSAL_CODES:  # e.g. an unknown table: waiting cannot help
                     raise
-                log.warning("replay sample failed (%s); retrying", error.code().name)
-                await asyncio.sleep(1.0)
+                if self._replay_backoff.failures == 0:
+                    self.metrics.reconnects.labels(peer="replay").inc()
+                delay = await self._replay_backoff.sleep()
+                log.warning("replay sample failed (%s); retried after %.2fs", error.code().name, delay)
                 continue
+            self._replay_backoff.reset()
             self.replay_meter.received(response, phase="training", payload="batch")
             self.samples_consumed += len(response.items)
             for item in response.items:
@@ -185,7 +200,7 @@ class LearnerService:
         try:
             response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
         except grpc.aio.AioRpcError as error:
-            if error.code() not in rpc.TRANSIENT_CODES:
+            if error.code() in rpc.REFUSAL_CODES:
                 raise
             log.warning("priority update failed (%s); these chunks keep their priorities", error.code().name)
             return
@@ -198,16 +213,6 @@ class LearnerService:
                 await asyncio.wait_for(self.edges.connected.wait(), EDGE_WAIT_LOG_S)
             except TimeoutError:
                 log.info("waiting for an edge-encoder to dial in before training")
-
-    async def _publish(self, call: grpc.aio.StreamStreamCall) -> None:
-        message = weights.to_proto(self.version, self.trainer.network.state_dict())
-        self.weights_meter.sent(message, phase="weights", payload="weights")
-        await call.write(message)
-        ack = await call.read()
-        if ack is grpc.aio.EOF:
-            await rpc.raise_if_failed(call)
-            raise ConnectionError("inference closed the weights stream")
-        self.weights_meter.received(ack, phase="weights", payload="ack")
 
     def _record(self, stats: UpdateStats) -> None:
         self.metrics.learner_updates.inc()

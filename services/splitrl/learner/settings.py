@@ -5,10 +5,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ServerSettings
 
 
-class LearnerSettings(ServerSettings, EnvSettings):
+class LearnerSettings(ServerSettings, EnvSettings, RedialSettings):
     """Settings of `splitrl serve learner`. PPO defaults follow CleanRL's Atari recipe."""
 
     replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
@@ -63,4 +64,10 @@ class LearnerSettings(ServerSettings, EnvSettings):
     )
     checkpoint_dir: Path | None = Field(None, description="Save model, optimizer and version here; resume from it.")
     checkpoint_every: int = Field(10, ge=1, description="Updates between checkpoints.")
+    publish_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Longest wait (s) for inference to accept the weights stream or acknowledge one version; "
+        "past it the stream is redialled.",
+    )
     max_updates: int = Field(0, ge=0, description="Stop after this many updates (0: until stopped).")
