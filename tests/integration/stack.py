@@ -62,10 +62,11 @@ class Stack:
         replay: dict | None = None,
     ) -> Stack:
         """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
-        shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width}
+        # Plaintext, explicitly: tests dial these services with rpc.insecure_channel (test_security covers TLS).
+        shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width, "tls": "plaintext"}
         stack = cls()
         try:
-            stack.hosts["replay"] = await start(ReplayService, ReplaySettings(**(replay or {})))
+            stack.hosts["replay"] = await start(ReplayService, ReplaySettings(tls="plaintext", **(replay or {})))
             stack.hosts["inference"] = await start(
                 InferenceService,
                 InferenceSettings(

@@ -24,9 +24,9 @@ ACTIVATION = (("splitrl-codec", "activation"),)
 @pytest.fixture
 async def cloud_side():
     """Replay and a split-mode inference, as the edge sees them."""
-    replay = await start(ReplayService, ReplaySettings())
+    replay = await start(ReplayService, ReplaySettings(tls="plaintext"))
     inference = await start(
-        InferenceService, InferenceSettings(env=FAST_ENV, mode="split", replay_address=address(replay))
+        InferenceService, InferenceSettings(tls="plaintext", env=FAST_ENV, mode="split", replay_address=address(replay))
     )
     channel = rpc.insecure_channel(address(inference))
     yield inference, replay, channel
@@ -184,7 +184,7 @@ async def test_replay_refuses_bad_trajectories_and_unknown_tables(cloud_side):
 
 async def test_edge_encoder_refuses_bad_frames():
     # The edge-encoder's inference is never reached: validation fails first.
-    settings = EdgeEncoderSettings(env=FAST_ENV, mode="split", inference_address="127.0.0.1:1")
+    settings = EdgeEncoderSettings(tls="plaintext", env=FAST_ENV, mode="split", inference_address="127.0.0.1:1")
     edge = await start(EdgeEncoderService, settings)
     try:
         async with rpc.insecure_channel(address(edge)) as channel:
@@ -211,12 +211,13 @@ async def test_sample_on_an_empty_table_answers_empty_before_the_deadline(cloud_
 
 async def test_edge_encoder_passes_inference_status_through():
     # An edge in split mode dialling a cloud-mode inference: inference refuses, the environment learns why.
-    replay = await start(ReplayService, ReplaySettings())
+    replay = await start(ReplayService, ReplaySettings(tls="plaintext"))
     inference = await start(
-        InferenceService, InferenceSettings(env=FAST_ENV, mode="cloud", replay_address=address(replay))
+        InferenceService, InferenceSettings(tls="plaintext", env=FAST_ENV, mode="cloud", replay_address=address(replay))
     )
     edge = await start(
-        EdgeEncoderService, EdgeEncoderSettings(env=FAST_ENV, mode="split", inference_address=address(inference))
+        EdgeEncoderService,
+        EdgeEncoderSettings(tls="plaintext", env=FAST_ENV, mode="split", inference_address=address(inference)),
     )
     try:
         async with rpc.insecure_channel(address(edge)) as channel:

@@ -96,6 +96,7 @@ async def test_learner_checkpoints_and_resumes(tmp_path):
         resumed = await start(
             LearnerService,
             LearnerSettings(
+                tls="plaintext",
                 env=FAST_ENV,
                 mode="split",
                 checkpoint_dir=tmp_path,

@@ -20,6 +20,7 @@ from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
 # Prioritized primary table: sampling from 2 items, one sample per insert, diff kept in [0, 4]; a FIFO extra table.
 SETTINGS = ReplaySettings(
+    tls="plaintext",
     selector="prioritized",
     max_size=3,
     min_size_to_sample=2,

@@ -24,8 +24,9 @@ from pathlib import Path
 
 from pydantic import Field
 
-from splitrl.cli.up import START_ORDER, Child, UpSettings, service_flags, spawn, stop_all, wait_ready
+from splitrl.cli.up import START_ORDER, Child, UpSettings, prepare_tls, service_flags, spawn, stop_all, wait_ready
 from splitrl.core import scrape
+from splitrl.core.config import TlsMode
 from splitrl.core.metrics import WAN_LINKS
 
 EDGE_IP, CLOUD_IP = "10.200.0.1", "10.200.0.2"
@@ -39,6 +40,11 @@ class FramingSettings(UpSettings):
 
     uplink_kbit: int | None = Field(None, ge=8, description="Shape the edge's uplink to this rate (tbf), in kbit/s.")
     timeout_s: float = Field(600.0, gt=0, description="Longest the run may take before it is stopped.")
+    tls: TlsMode = Field(
+        "plaintext",
+        description="Links' security; plaintext by default so the framing is HTTP/2 and gRPC only "
+        "(mtls adds TLS records to it).",
+    )
 
 
 @dataclass(frozen=True)
@@ -179,8 +185,11 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     namespaces.create(settings.uplink_kbit)
     children: dict[str, Child] = {}
     try:
+        prepare_tls(settings, run_dir)
         for name in START_ORDER:
             flags = service_flags(name, settings, children, run_dir)
+            if settings.tls != "plaintext":  # peers are dialled at CLOUD_IP, which the loopback certificates lack
+                flags["tls_server_name"] = "localhost"
             cloud = name in CLOUD_SERVICES
             flags["host"] = CLOUD_IP if cloud else "127.0.0.1"
             if name == "edge-encoder":

@@ -25,8 +25,8 @@ from pydantic import Field
 
 from splitrl.cli.args import to_argv
 from splitrl.cli.progress import Progress
-from splitrl.core import scrape
-from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
+from splitrl.core import certs, scrape
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings, TlsMode
 from splitrl.core.metrics import WAN_LINKS
 
 START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
@@ -62,6 +62,11 @@ class UpSettings(EnvSettings, Settings):
     encoder_fraction: float = Field(
         0.25, ge=0, le=1, description="split-accumulate: share of minibatch rows whose gradients go to the edge."
     )
+    tls: TlsMode = Field(
+        "mtls",
+        description="gRPC links between the services: mtls (a throwaway CA and certificates under "
+        "RUN_DIR/tls/), tls, or plaintext (unencrypted and unauthenticated, with a warning).",
+    )
 
 
 @dataclass
@@ -75,6 +80,27 @@ def _die_with_parent() -> None:
     """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies (Linux only)."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def prepare_tls(settings: UpSettings, run_dir: Path) -> None:
+    """A fresh CA and a certificate per service under RUN_DIR/tls/ (none under plaintext, which warns instead)."""
+    if settings.tls == "plaintext":
+        print("splitrl up: --tls plaintext: links are unencrypted and unauthenticated", file=sys.stderr)
+        return
+    certs.generate(run_dir / "tls", START_ORDER)
+
+
+def tls_flags(name: str, settings: UpSettings, run_dir: Path) -> dict[str, Any]:
+    """Service `name`'s transport flags: its own certificate from prepare_tls, and the run's CA."""
+    if settings.tls == "plaintext":
+        return {"tls": "plaintext"}
+    tls_dir = run_dir / "tls"
+    return {
+        "tls": settings.tls,
+        "tls_cert_file": tls_dir / f"{name}.pem",
+        "tls_key_file": tls_dir / f"{name}-key.pem",
+        "tls_ca_file": tls_dir / "ca.pem",
+    }
 
 
 def service_flags(name: str, settings: UpSettings, children: dict[str, Child], run_dir: Path) -> dict[str, Any]:
@@ -92,6 +118,7 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
         "port_file": run_dir / f"{name}.ports.json",
         "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
         "torch_threads": settings.torch_threads,
+        **tls_flags(name, settings, run_dir),
     }
 
     def address(of: str) -> str:
@@ -215,6 +242,7 @@ def run_up(settings: UpSettings) -> int:
     started = time.monotonic()
     progress = Progress(settings.steps, sys.stdout.isatty())
     try:
+        prepare_tls(settings, run_dir)
         for name in START_ORDER:
             flags = service_flags(name, settings, children, run_dir)
             children[name] = spawn(name, flags, run_dir)

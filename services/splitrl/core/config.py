@@ -29,7 +29,36 @@ class Settings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ServerSettings(Settings):
+#: How gRPC links are protected (splitrl.core.security): mutual TLS (both ends show a certificate signed by the
+#: CA), TLS (the server shows one), or plaintext (unencrypted, unauthenticated; only when asked for).
+TlsMode = Literal["mtls", "tls", "plaintext"]
+
+
+class TransportSettings(Settings):
+    """How this process protects its gRPC links, as server and as client (the same certificate serves both).
+
+    Files are PEM and are read once at startup (mounted secrets in compose/k8s); `splitrl certs` makes them.
+    """
+
+    tls: TlsMode = Field(
+        "mtls",
+        description="mtls: both ends present certificates signed by --tls-ca-file; tls: only servers do; "
+        "plaintext: unencrypted and unauthenticated (logged as a warning).",
+    )
+    tls_cert_file: Path | None = Field(None, description="PEM certificate chain this process presents (tls, mtls).")
+    tls_key_file: Path | None = Field(None, description="PEM private key of --tls-cert-file.")
+    tls_ca_file: Path | None = Field(None, description="PEM CA bundle that peers' certificates must chain to.")
+    tls_server_name: str | None = Field(
+        None, description="Name expected in servers' certificates instead of the dialled host (e.g. when dialling IPs)."
+    )
+    auth_token_file: Path | None = Field(
+        None,
+        description="File holding a bearer token: sent on every call made, and required on every call served "
+        "(health checks exempt).",
+    )
+
+
+class ServerSettings(TransportSettings):
     """What every service process has: a gRPC server, a /metrics port, a clean shutdown."""
 
     host: str = Field("127.0.0.1", description="Address the gRPC and metrics servers bind to.")

@@ -16,6 +16,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from splitrl.core import security
+from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import Metrics
 from splitrl.core.wire import WireError
 
@@ -152,13 +154,17 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
 
 async def create_server(
-    metrics: Metrics, service_names: Sequence[str]
+    metrics: Metrics, service_names: Sequence[str], token: str | None = None
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
 
-    Health starts NOT_SERVING for every name; the caller flips it once ready.
+    Health starts NOT_SERVING for every name; the caller flips it once ready. With a `token`, every call
+    but health checks must carry it (security.BearerTokenInterceptor, outermost so nothing runs before it).
     """
-    server = grpc.aio.server(interceptors=[ErrorMappingInterceptor(metrics)], options=list(SERVER_OPTIONS))
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(metrics)]
+    if token is not None:
+        interceptors.insert(0, security.BearerTokenInterceptor(token, metrics))
+    server = grpc.aio.server(interceptors=interceptors, options=list(SERVER_OPTIONS))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, serving=False)
@@ -173,8 +179,21 @@ async def set_serving(health_servicer: health.aio.HealthServicer, service_names:
         await health_servicer.set(name, status)
 
 
+def dial(target: str, transport: TransportSettings) -> grpc.aio.Channel:
+    """The one way a service opens a client channel: splitrl's limits and keepalives, secured as `transport` says.
+
+    `transport` is the dialling process's own settings (its certificate, CA and token serve both directions).
+    """
+    loaded = security.load(transport)
+    options = [*CHANNEL_OPTIONS, *loaded.channel_options()]
+    credentials = loaded.channel_credentials()
+    if credentials is None:
+        return grpc.aio.insecure_channel(target, options=options, interceptors=loaded.client_interceptors())
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
 def insecure_channel(target: str) -> grpc.aio.Channel:
-    """A client channel with splitrl's message-size limits and keepalives."""
+    """A plaintext client channel with splitrl's limits, no token (tests and tools talking to plaintext servers)."""
     return grpc.aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
 
 

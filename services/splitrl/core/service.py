@@ -21,7 +21,7 @@ import grpc
 import torch
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from splitrl.core import rpc
+from splitrl.core import rpc, security
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
 
@@ -105,9 +105,11 @@ class ServiceHost:
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
-        server, health_servicer = await rpc.create_server(metrics, service.service_names)
+        transport = security.load(settings)  # before anything starts: bad TLS settings fail here, clearly
+        server, health_servicer = await rpc.create_server(metrics, service.service_names, transport.token)
         service.register(server)
-        grpc_port = server.add_insecure_port(f"{settings.host}:{settings.port}")
+        credentials, bind = transport.server_credentials(), f"{settings.host}:{settings.port}"
+        grpc_port = server.add_insecure_port(bind) if credentials is None else server.add_secure_port(bind, credentials)
         if grpc_port == 0:
             raise OSError(f"could not bind gRPC to {settings.host}:{settings.port}")
         await server.start()
