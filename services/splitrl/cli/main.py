@@ -65,6 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="A directory `splitrl up` wrote.")
     _add_bench_and_report(commands)
+    certs = commands.add_parser(
+        "certs",
+        help="Make a CA and one TLS certificate per host (mounted secrets for compose and k8s).",
+        description="Write ca.pem, ca-key.pem and HOST.pem + HOST-key.pem for each host (EC P-256; names HOST, "
+        "localhost, 127.0.0.1, ::1; server and client use) under OUT. Mount ca.pem and a host's pair; keep ca-key.pem.",
+    )
+    certs.add_argument("--out", type=Path, required=True, help="Directory to write (created; files replaced).")
+    certs.add_argument(
+        "--hosts",
+        default="replay,inference,learner,edge-encoder,environment",
+        help="Comma-separated names, one certificate each; a name is what peers dial (default: the five services).",
+    )
+    certs.add_argument("--days", type=int, default=365, help="Days the certificates are valid.")
     return parser
 
 
@@ -162,18 +175,35 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return run(settings)
 
 
+def _certs(parser: argparse.ArgumentParser, out: Path, hosts: str, days: int) -> int:
+    from splitrl.core.certs import generate
+
+    try:
+        pki = generate(out, [host.strip() for host in hosts.split(",") if host.strip()], valid_days=days)
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"splitrl certs: {error}\n")
+    print(f"wrote {pki.ca} (trust) and {pki.ca_key} (keep private; not mounted)")
+    for host, (cert, key) in pki.pairs.items():
+        print(f"  {host}: {cert} {key}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        from splitrl.core import security
         from splitrl.core.service import run_service
 
         settings_cls, service_cls, _ = _services()[args.service]
         try:
             settings: Any = settings_from_args(settings_cls, args)
+            security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
         except ValueError as error:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
+    if args.command == "certs":
+        return _certs(parser, args.out, args.hosts, args.days)
     if args.command == "plot":
         return _plot(parser, args.run_dir)
     if args.command == "report":
