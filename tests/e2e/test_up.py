@@ -91,6 +91,10 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert "summary written to" in result.stdout
     assert (run_dir / "learning.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert not processes_mentioning(str(run_dir))
+    # No --tls flag: every service served (and dialled) over mutual TLS with this run's own CA.
+    assert (run_dir / "tls" / "ca.pem").is_file()
+    for name in summary["exit_codes"]:
+        assert " (mtls), metrics on" in (run_dir / "logs" / f"{name}.log").read_text(), name
 
 
 def test_ctrl_c_stops_every_service(tmp_path):

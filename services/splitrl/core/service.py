@@ -123,10 +123,12 @@ class ServiceHost:
             tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port}))
             tmp.replace(settings.port_file)  # atomic: a reader never sees half a file
         log.info(
-            "serving %s on %s:%d, metrics on :%d",
+            "serving %s on %s:%d (%s%s), metrics on :%d",
             ",".join(service.service_names) or "(health only)",
             settings.host,
             grpc_port,
+            transport.mode,
+            ", bearer token" if transport.token else "",
             metrics_port,
         )
         return host
