@@ -17,18 +17,22 @@ import math
 import os
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from splitrl.core import certs
 from tests.deploy.conftest import REPO, load_script, missing, tool
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
 PROJECT = "splitrl-deploytest"
 SERVICES = ["replay", "inference", "learner", "edge-encoder", "environment", "prometheus"]
+SERVICES_WITH_CERTS = SERVICES[:-1]
 DASHBOARDS = load_script("deploy/grafana/check-dashboards.py")
 LINKS = {
     "env-encoder",
@@ -108,7 +112,12 @@ def stack() -> Iterator[Stack]:
             client.images.get(image)
         except docker.errors.ImageNotFound:
             missing(f"image {image} is not built (see docker/README.md)")
+    # mTLS as deployed: certificates made for this run, readable by the containers' uid 10001 (README "Security").
+    tls_dir = Path(tempfile.mkdtemp(prefix="splitrl-compose-tls-"))
+    for _, key in certs.generate(tls_dir, SERVICES_WITH_CERTS).pairs.values():
+        key.chmod(0o644)
     environ = os.environ | {
+        "SPLITRL_TLS_DIR": str(tls_dir),
         "PROMETHEUS_IMAGE": prometheus_image,
         "PROMETHEUS_PORT": str(free_port()),
         "GRAFANA_PORT": str(free_port()),
