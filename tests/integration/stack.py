@@ -60,6 +60,7 @@ class Stack:
         learner: dict | None = None,
         edge: dict | None = None,
         replay: dict | None = None,
+        environment: dict | None = None,
     ) -> Stack:
         """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
         # Plaintext, explicitly: tests dial these services with rpc.insecure_channel (test_security covers TLS).
@@ -103,7 +104,11 @@ class Stack:
             stack.hosts["environment"] = await start(
                 EnvironmentService,
                 EnvironmentSettings(
-                    **shared, num_envs=num_envs, max_steps=steps, encoder_address=address(stack.hosts["edge-encoder"])
+                    **shared,
+                    num_envs=num_envs,
+                    max_steps=steps,
+                    encoder_address=address(stack.hosts["edge-encoder"]),
+                    **(environment or {}),
                 ),
             )
         except BaseException:

@@ -69,6 +69,9 @@ class ThroughputBenchSettings(EnvSettings, Settings):
 
     env: str = Field("CarRacing-v3", description="Gymnasium env id (splitrl/Catch-v0 shows per-step overhead).")
     num_envs: int = Field(8, ge=1, le=1024, description="Envs stepped together, in the baseline and the stack.")
+    env_groups: int = Field(
+        2, ge=1, le=64, description="Stack: env groups in the environment process (2: double-buffered sampling)."
+    )
     steps: int = Field(2400, ge=1, description="Env steps per measurement, over all envs.")
     modes: list[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated stack modes.")
     codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec.")

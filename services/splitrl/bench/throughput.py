@@ -99,6 +99,7 @@ def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> St
         "gradient_codec": settings.activation_codec,
         "steps": settings.steps,
         "num_envs": settings.num_envs,
+        "env_groups": settings.env_groups,
         "torch_threads": settings.torch_threads,
         "progress_interval_s": 0.5,
         "run_dir": run_dir,

@@ -47,6 +47,9 @@ class UpSettings(EnvSettings, Settings):
     )
     steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
     num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
+    env_groups: int = Field(
+        1, ge=1, le=64, description="Groups the envs are split into, each stepped while the others wait for actions."
+    )
     action_repeat: int = Field(1, ge=1, le=16, description="Times each action is repeated.")
     unroll_length: int = Field(32, ge=1, description="Steps per trajectory chunk.")
     seed: int = Field(0, ge=0, description="Seed for envs and initial weights.")
@@ -61,6 +64,12 @@ class UpSettings(EnvSettings, Settings):
     correction: Literal["gae", "vtrace"] = Field("gae", description="Learner: GAE (PPO) or V-trace advantages.")
     encoder_fraction: float = Field(
         0.25, ge=0, le=1, description="split-accumulate: share of minibatch rows whose gradients go to the edge."
+    )
+    replay_max_size: int | None = Field(
+        None,
+        ge=1,
+        description="Chunks replay holds, oldest evicted first. Default 2 x chunks_per_update: the learner trains "
+        "on fresh chunks (policy lag about 2 updates) instead of working through a backlog.",
     )
     tls: TlsMode = Field(
         "mtls",
@@ -125,7 +134,7 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
         return f"127.0.0.1:{children[of].ports['grpc']}"
 
     if name == "replay":
-        return common
+        return {**common, "max_size": settings.replay_max_size or 2 * settings.chunks_per_update}
     if name == "inference":
         return {
             **common,
@@ -170,6 +179,7 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
         **shared,
         "encoder_address": address("edge-encoder"),
         "num_envs": settings.num_envs,
+        "env_groups": settings.env_groups,
         "action_repeat": settings.action_repeat,
         "seed": settings.seed,
         "max_steps": settings.steps,
@@ -255,7 +265,7 @@ def run_up(settings: UpSettings) -> int:
                 raise RuntimeError(f"{', '.join(crashed)} exited during the run; see {run_dir / 'logs'}")
             texts = _live_texts(children)
             progress.update(texts, time.monotonic() - started)
-            _extend_curve(curve, _curve_point(texts))
+            _extend_curve(curve, _curve_point(texts) | {"seconds": round(time.monotonic() - started, 3)})
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -326,10 +336,11 @@ def build_summary(
 ) -> dict[str, Any]:
     """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
 
-    Its `curve` is the live one, ended with a point from the final counters.
+    Its `curve` is the live one, ended with a point from the final counters; each point's `seconds` count
+    from the moment every service was serving.
     """
     texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
-    _extend_curve(curve, _curve_point(texts))
+    _extend_curve(curve, _curve_point(texts) | {"seconds": round(elapsed_s, 3)})
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
     links = scrape.link_counts(texts)
     wan_bytes: dict[str, int] = {}

@@ -117,7 +117,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
+                encode_started = time.perf_counter()
                 request = await self._act_request(stream, step)
+                self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
                 response = await self._act(upstream, request, backoff)
                 reply = rollout_pb2.EnvAction(
                     sequence=step.sequence, actions=response.actions, policy_version=response.policy_version

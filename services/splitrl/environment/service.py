@@ -3,6 +3,11 @@
 It dials the edge-encoder (edge processes sit behind NAT and only dial out)
 and runs in lockstep: send frames, wait for actions, step. A lost edge-encoder
 is redialled with backoff; the process ends only at max_steps or on SIGTERM.
+
+With `env_groups` G > 1 the envs are split into G vector envs, each with its own
+stream (Sample Factory's double-buffered sampling): while one group's step is
+on its round trip through edge and inference, another group's envs are stepped,
+so the process stays busy instead of waiting for actions.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import time
 from collections.abc import Sequence
 
 import grpc
+import gymnasium as gym
 import numpy as np
 
 from splitrl.core import codecs, rpc, wire
@@ -27,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class EnvironmentService:
-    """Steps `num_envs` envs until `max_steps` agent steps (or until stopped)."""
+    """Steps `num_envs` envs, in `env_groups` groups, until `max_steps` agent steps (or until stopped)."""
 
     service_names: Sequence[str] = ()
 
@@ -35,10 +41,16 @@ class EnvironmentService:
         self.settings = settings
         self.metrics = metrics
         self.meter = LinkMeter(metrics, "env-encoder")
-        self.envs = make_vector_env(
-            settings.env, settings.env_kwargs, settings.num_envs, settings.frame_size, settings.action_repeat
-        )
-        self.action_spec = action_spec_from_space(self.envs.single_action_space)
+        sizes = [len(part) for part in np.array_split(np.arange(settings.num_envs), settings.env_groups)]
+        #: (first env's index, its vector env) per group; env i is seeded seed + i whatever the grouping.
+        self.groups = [
+            (
+                sum(sizes[:g]),
+                make_vector_env(settings.env, settings.env_kwargs, n, settings.frame_size, settings.action_repeat),
+            )
+            for g, n in enumerate(sizes)
+        ]
+        self.action_spec = action_spec_from_space(self.groups[0][1].single_action_space)
         self.steps_taken = 0
         self.loop = BackgroundLoop("environment loop")
 
@@ -56,18 +68,24 @@ class EnvironmentService:
 
     async def stop(self) -> None:
         await self.loop.cancel()
-        self.envs.close()
+        for _, envs in self.groups:
+            envs.close()
 
     async def run(self) -> None:
-        """The rollout loop. Returns once max_steps agent steps are done; a lost edge-encoder is redialled.
+        """Every group's rollout loop, concurrently; returns once max_steps agent steps are done."""
+        await asyncio.gather(*(self._run_group(first, envs) for first, envs in self.groups))
+        log.info("environment done after %d agent steps", self.steps_taken)
+
+    async def _run_group(self, first_env: int, envs: gym.vector.VectorEnv) -> None:
+        """One group's rollout loop. Returns once max_steps agent steps are done; a lost edge-encoder is redialled.
 
         A broken stream never ends the loop: the step whose actions did not come back is sent again, as
         sequence 0 of a fresh stream with a new run id (the edge starts new frame stacks for it, and
         inference new trajectories), after a jittered exponential backoff.
         """
         settings = self.settings
-        frames, _ = self.envs.reset(seed=settings.seed)
-        pending = _Pending(frames, settings.num_envs)
+        frames, _ = envs.reset(seed=settings.seed + first_env)
+        group = _Group(envs, _Pending(frames, envs.num_envs))
         backoff = Backoff.of(settings)
         while not self._done():
             run_id = codecs.new_run_id()
@@ -79,7 +97,7 @@ class EnvironmentService:
                     )
                     log.info("rollout stream to edge-encoder %s open (run id %s)", settings.encoder_address, run_id)
                     try:
-                        await self._stream(call, pending, backoff)
+                        await self._stream(call, group, backoff)
                     finally:
                         call.cancel()
             except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, ValueError) as error:
@@ -87,16 +105,15 @@ class EnvironmentService:
                 self.metrics.reconnects.labels(peer="edge-encoder").inc()
                 delay = await backoff.sleep()
                 log.warning("rollout stream %s to edge-encoder lost (%s); redialled after %.2fs", run_id, error, delay)
-        log.info("environment done after %d agent steps", self.steps_taken)
 
     def _done(self) -> bool:
         return bool(self.settings.max_steps) and self.steps_taken >= self.settings.max_steps
 
-    async def _stream(self, call: grpc.aio.StreamStreamCall, pending: _Pending, backoff: Backoff) -> None:
+    async def _stream(self, call: grpc.aio.StreamStreamCall, group: _Group, backoff: Backoff) -> None:
         """Step in lockstep on one stream until max_steps; raises if the stream breaks or the edge goes quiet."""
         sequence = 0
         while not self._done():
-            step = pending.message(sequence)
+            step = group.pending.message(sequence)
             sent_at = time.perf_counter()
             self.meter.sent(step, phase="rollout", payload="observation")
             await call.write(step)
@@ -107,19 +124,21 @@ class EnvironmentService:
                 raise ConnectionError("edge-encoder closed the stream")
             self.meter.received(reply, phase="rollout", payload="action")
             self.metrics.hop_latency.labels(hop="environment-edge").observe(time.perf_counter() - sent_at)
-            actions = self._actions(reply, sequence)
+            actions = self._actions(reply, sequence, group.envs.num_envs)
             backoff.reset()  # the edge answered: this stream works
-            frames, rewards, terminated, truncated, info = self.envs.step(actions)
-            pending.advance(frames, rewards, terminated, truncated)
-            self._record(info)
-            self.steps_taken += self.settings.num_envs
+            stepped_at = time.perf_counter()
+            frames, rewards, terminated, truncated, info = group.envs.step(actions)
+            self.metrics.hop_latency.labels(hop="environment-step").observe(time.perf_counter() - stepped_at)
+            group.pending.advance(frames, rewards, terminated, truncated)
+            self._record(info, group.envs.num_envs)
+            self.steps_taken += group.envs.num_envs
             sequence += 1
         await call.done_writing()
 
-    def _actions(self, reply: rollout_pb2.EnvAction, sequence: int) -> np.ndarray:
+    def _actions(self, reply: rollout_pb2.EnvAction, sequence: int, n: int) -> np.ndarray:
         if reply.sequence != sequence:
             raise ValueError(f"edge-encoder answered sequence {reply.sequence}, expected {sequence}")
-        spec, n = self.action_spec, self.settings.num_envs
+        spec = self.action_spec
         if spec.kind == "discrete":
             actions = wire.decode(reply.actions, expect_dtype=wire.DType.DTYPE_INT64, expect_shape=[n]).numpy()
             if actions.min() < 0 or actions.max() >= spec.size:
@@ -128,14 +147,21 @@ class EnvironmentService:
         continuous = wire.decode(reply.actions, expect_dtype=wire.DType.DTYPE_FLOAT32, expect_shape=[n, spec.size])
         return np.clip(continuous.numpy(), spec.low, spec.high)
 
-    def _record(self, info: dict) -> None:
-        self.metrics.env_steps.inc(self.settings.num_envs)
+    def _record(self, info: dict, n: int) -> None:
+        self.metrics.env_steps.inc(n)
         if "_episode" in info:
             for ret, length in zip(
                 info["episode"]["r"][info["_episode"]], info["episode"]["l"][info["_episode"]], strict=True
             ):
                 self.metrics.episode_return.observe(float(ret))
                 self.metrics.episode_length.observe(int(length))
+
+
+class _Group:
+    """One group's envs and the step it sends next."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, pending: _Pending) -> None:
+        self.envs, self.pending = envs, pending
 
 
 class _Pending:
