@@ -55,6 +55,10 @@ DESIGNED_LINKS = {
 # env-encoder runs inside the edge pod, over loopback.
 LOOPBACK_LINKS = {("edge", "environment", "edge-encoder", 50051)}
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost"}
+# Where docker/Dockerfile installs docker/grpc-health-check.py; the exec probes run it.
+HEALTH_CHECK = "/opt/splitrl/bin/grpc-health-check"
+TLS_SECRET = "splitrl-tls"
+TLS_FILES = ("SPLITRL_TLS_CERT_FILE", "SPLITRL_TLS_KEY_FILE", "SPLITRL_TLS_CA_FILE")
 IANA_SVC_NAME = re.compile(r"(?=.{1,15}$)(?=.*[a-z])(?!.*--)[a-z0-9]([a-z0-9-]*[a-z0-9])?")
 
 
@@ -226,16 +230,110 @@ def test_splitrl_containers_accept_their_settings_and_serve_on_declared_ports(ma
             assert container["name"] == service, where
             env = manifest.env(container)
             settings = settings_from_args(kube.settings_model(service), argparse.Namespace(), env)
-            assert settings.host == "0.0.0.0", f"{where}: probes and scrapes come from outside the pod"
+            assert settings.host == "0.0.0.0", f"{where}: scrapes and peers come from outside the pod"
             own = {p["containerPort"]: p["name"] for p in container.get("ports", [])}
             assert re.fullmatch(r"(.+-)?grpc", own.get(settings.port, "")), f"{where}: gRPC port {settings.port}"
             assert re.fullmatch(r"(.+-)?metrics", own.get(settings.metrics_port, "")), f"{where}: metrics port"
             for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
-                assert container[kind]["grpc"]["port"] == settings.port, f"{where}: {kind}"
+                # exec, not `grpc:` (kubelet's cannot speak TLS): the image's checker dials its own gRPC port
+                command = container[kind]["exec"]["command"]
+                assert command == [HEALTH_CHECK, f"127.0.0.1:{settings.port}"], f"{where}: {kind}"
             # Every dialled address is set here: a default (127.0.0.1) would dial the pod itself.
             for field in kube.settings_model(service).model_fields:
                 if field.endswith("_address"):
                     assert f"SPLITRL_{field.upper()}" in env, f"{where}: SPLITRL_{field.upper()} unset"
+
+
+def test_the_probes_health_checker_is_where_the_image_installs_it():
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert re.search(rf"^COPY docker/grpc-health-check\.py {re.escape(HEALTH_CHECK)}$", dockerfile, re.M)
+    assert (REPO / "docker" / "grpc-health-check.py").is_file()
+
+
+def _tls_volume(pod: PodTemplate, container: dict, path: str) -> tuple[dict, dict, str]:
+    """(volumeMount, volume, file name inside it) for the mount holding `path`."""
+    [(mount, name)] = [
+        (m, path[len(m["mountPath"]) + 1 :])
+        for m in container.get("volumeMounts", [])
+        if path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    [volume] = [v for v in pod.spec.get("volumes", []) if v["name"] == mount["name"]]
+    return mount, volume, name
+
+
+def test_splitrl_containers_run_mtls_from_the_read_only_tls_secret(manifest):
+    for pod in manifest.pods:
+        for container in pod.splitrl_containers:
+            where = f"{pod.app}/{container['name']}"
+            env = manifest.env(container)
+            settings = settings_from_args(kube.settings_model(container["args"][1]), argparse.Namespace(), env)
+            assert settings.tls == "mtls" and env.get("SPLITRL_TLS") == "mtls", where
+            assert "plaintext" not in {v.get("value") for v in container.get("env", [])}, where
+            own = {
+                "SPLITRL_TLS_CERT_FILE": f"{container['name']}.pem",
+                "SPLITRL_TLS_KEY_FILE": f"{container['name']}-key.pem",
+            }
+            for variable in TLS_FILES:
+                mount, volume, name = _tls_volume(pod, container, env[variable])
+                assert mount.get("readOnly") is True, f"{where}: {mount['name']} is writable"
+                secret = volume.get("secret", {})
+                assert secret.get("secretName") == TLS_SECRET, f"{where}: {variable} not from {TLS_SECRET}"
+                items = {item["path"]: item["key"] for item in secret["items"]}  # only what this container needs
+                assert items.get(name) == own.get(variable, "ca.pem"), f"{where}: {variable} -> {name}"
+                assert "ca-key.pem" not in items.values(), f"{where}: the CA key is mounted"
+                mode = secret["defaultMode"]
+                # group-readable for the non-root user through fsGroup; nobody writes, others read nothing
+                assert mode & 0o040 and not mode & 0o222 and not mode & 0o007, f"{where}: mode {mode:o}"
+                assert pod.spec["securityContext"].get("fsGroup") == pod.spec["securityContext"]["runAsGroup"], where
+
+
+def _serving_container(manifest: Manifest, pod: PodTemplate, host: str, port: int) -> str:
+    """The name of the container a dialled host:port reaches (loopback: in the same pod)."""
+    if host in LOOPBACK_HOSTS:
+        targets = [pod]
+    else:
+        targets = kube.service_pods(manifest, manifest.get("Service", host.partition(".")[0]))
+    [name] = {
+        c["name"]
+        for target in targets
+        for c in target.splitrl_containers
+        if int(manifest.env(c)["SPLITRL_PORT"]) == port
+    }
+    return name
+
+
+def test_certificates_from_splitrl_certs_name_every_dialled_host(manifest, tmp_path):
+    """The README's `splitrl certs` command makes certificates whose names match what each client dials."""
+    from cryptography import x509
+
+    from splitrl.cli.main import main as splitrl
+
+    suffixes = f"{NAMESPACE}.svc,{NAMESPACE}.svc.cluster.local"
+    assert splitrl(["certs", "--out", str(tmp_path), "--dns-suffixes", suffixes]) == 0
+
+    def names(container: str) -> set[str]:
+        cert = x509.load_pem_x509_certificate((tmp_path / f"{container}.pem").read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return {str(n) for n in sans.get_values_for_type(x509.DNSName)} | {
+            str(ip) for ip in sans.get_values_for_type(x509.IPAddress)
+        }
+
+    checked = 0
+    for pod in manifest.pods:
+        for container in pod.splitrl_containers:
+            env = manifest.env(container)
+            # the exec probe dials 127.0.0.1 with the container's own settings
+            dials = [("127.0.0.1", int(env["SPLITRL_PORT"]))] + [
+                (address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1]))
+                for key, address in env.items()
+                if re.fullmatch(r"SPLITRL_\w+_ADDRESS", key)
+            ]
+            for host, port in dials:
+                expected = env.get("SPLITRL_TLS_SERVER_NAME") or host
+                server = _serving_container(manifest, pod, host, port)
+                assert expected in names(server), f"{pod.app}/{container['name']} dials {host}:{port} ({server})"
+                checked += 1
+    assert checked >= 2 * 5
 
 
 def test_service_specific_settings_are_known_to_the_service(manifest):

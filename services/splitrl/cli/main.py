@@ -78,6 +78,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="Comma-separated names, one certificate each; a name is what peers dial (default: the five services).",
     )
     certs.add_argument("--days", type=int, default=365, help="Days the certificates are valid.")
+    certs.add_argument(
+        "--dns-suffixes",
+        default="",
+        help="Comma-separated suffixes: HOST.SUFFIX joins each host's names (e.g. k8s: NAMESPACE.svc).",
+    )
+    certs.add_argument(
+        "--names",
+        default="",
+        help="Comma-separated names (or IPs) added to every certificate, e.g. the cloud's external name edges dial.",
+    )
     return parser
 
 
@@ -175,11 +185,21 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return run(settings)
 
 
-def _certs(parser: argparse.ArgumentParser, out: Path, hosts: str, days: int) -> int:
+def _split(names: str) -> list[str]:
+    return [name.strip() for name in names.split(",") if name.strip()]
+
+
+def _certs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.core.certs import generate
 
     try:
-        pki = generate(out, [host.strip() for host in hosts.split(",") if host.strip()], valid_days=days)
+        pki = generate(
+            args.out,
+            _split(args.hosts),
+            args.days,
+            dns_suffixes=_split(args.dns_suffixes),
+            extra_names=_split(args.names),
+        )
     except (OSError, ValueError) as error:
         parser.exit(2, f"splitrl certs: {error}\n")
     print(f"wrote {pki.ca} (trust) and {pki.ca_key} (keep private; not mounted)")
@@ -203,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
     if args.command == "certs":
-        return _certs(parser, args.out, args.hosts, args.days)
+        return _certs(parser, args)
     if args.command == "plot":
         return _plot(parser, args.run_dir)
     if args.command == "report":

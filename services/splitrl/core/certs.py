@@ -3,8 +3,9 @@
 `generate(out, hosts)` writes, under `out`:
 
 - `ca.pem` (the CA certificate every process trusts) and `ca-key.pem` (kept to issue more; never mounted),
-- `<host>.pem` / `<host>-key.pem` for each host: a certificate for the names `host`, `localhost`,
-  127.0.0.1 and ::1, usable both as a server and as a client (mtls), so each service needs one pair.
+- `<host>.pem` / `<host>-key.pem` for each host: a certificate for the names `host`, `host.<suffix>` per
+  DNS suffix (Kubernetes Service FQDNs), every extra name, `localhost`, 127.0.0.1 and ::1, usable both as a
+  server and as a client (mtls), so each service needs one pair.
 
 `splitrl up` makes a set per run under `<run_dir>/tls/`; `splitrl certs` makes one for compose and k8s
 secrets. EC keys keep generation to milliseconds, so `splitrl up` starts as fast as before.
@@ -60,13 +61,27 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
         file.write(pem)
 
 
-def generate(out: Path, hosts: Sequence[str], valid_days: int = 365) -> Pki:
-    """Create a new CA and one certificate per host under `out` (created; existing files are replaced)."""
+def generate(
+    out: Path,
+    hosts: Sequence[str],
+    valid_days: int = 365,
+    dns_suffixes: Sequence[str] = (),
+    extra_names: Sequence[str] = (),
+) -> Pki:
+    """Create a new CA and one certificate per host under `out` (created; existing files are replaced).
+
+    `dns_suffixes` add `host.<suffix>` to each host's certificate (e.g. `splitrl.svc` for Kubernetes Service
+    names); `extra_names` go into every certificate (e.g. the external name edges in another cluster dial,
+    which one --tls-server-name must match for every cloud service).
+    """
     if not hosts:
         raise ValueError("at least one host name is needed")
     bad = [host for host in hosts if not host or "/" in host or host.startswith(".")]
     if bad:
         raise ValueError(f"host names must be plain names (they become file names): {bad}")
+    bad = [name for name in [*dns_suffixes, *extra_names] if not name or name.startswith(".") or "/" in name]
+    if bad:
+        raise ValueError(f"DNS suffixes and extra names must be names without a leading dot: {bad}")
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     not_before, not_after = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=valid_days)
@@ -97,7 +112,12 @@ def generate(out: Path, hosts: Sequence[str], valid_days: int = 365) -> Pki:
             .not_valid_before(not_before)
             .not_valid_after(not_after)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_subject_alt_names([host, *LOOPBACK_NAMES]), critical=False)
+            .add_extension(
+                _subject_alt_names(
+                    [host, *(f"{host}.{suffix}" for suffix in dns_suffixes), *extra_names, *LOOPBACK_NAMES]
+                ),
+                critical=False,
+            )
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
