@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -94,6 +95,20 @@ def _status_for(error: BaseException) -> grpc.StatusCode | None:
     return None
 
 
+def _strict_deserializer(deserialize: Callable[[bytes], Any] | None, method: str) -> Callable[[bytes], Any]:
+    """`deserialize`, raising BadRequest (INVALID_ARGUMENT) for bytes that are not a valid protobuf message."""
+
+    def parse(raw: bytes) -> Any:
+        if deserialize is None:
+            return raw
+        try:
+            return deserialize(raw)
+        except DecodeError as error:
+            raise BadRequest(f"{method} request is not a valid protobuf message ({len(raw)} bytes): {error}") from error
+
+    return parse
+
+
 class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
     """Turns BadRequest / WireError / Refused raised by a handler into a gRPC status, counted by method."""
 
@@ -109,16 +124,26 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:  # unknown method: gRPC answers UNIMPLEMENTED
             return None
         method = handler_call_details.method.rsplit("/", 1)[-1]
+        parse = _strict_deserializer(handler.request_deserializer, method)
         if handler.unary_unary is not None:
+            # gRPC answers UNKNOWN for a request its deserializer cannot parse before the handler runs:
+            # the unary request arrives as bytes and is parsed inside the wrapper, where BadRequest is mapped.
+            behaviour = handler.unary_unary
             return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
+                self._wrap_unary(lambda raw, context: behaviour(parse(raw), context), method),
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_stream is not None and inspect.isasyncgenfunction(handler.stream_stream):
             return grpc.stream_stream_rpc_method_handler(
                 self._wrap_stream(handler.stream_stream, method),
-                request_deserializer=handler.request_deserializer,
+                request_deserializer=parse,  # runs as the handler iterates, so BadRequest reaches the wrapper
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None and inspect.iscoroutinefunction(handler.stream_stream):
+            # A stream that answers with context.write (EncoderTraining.Train) is a coroutine, not a generator.
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_unary(handler.stream_stream, method),
+                request_deserializer=parse,
                 response_serializer=handler.response_serializer,
             )
         return handler
