@@ -54,6 +54,10 @@ class Service(Protocol):
         """Why the service's own work failed, if it did (the process then exits with status 1)."""
 
 
+#: Seconds between repeated cancellations of a background loop that did not end (see BackgroundLoop.cancel).
+CANCEL_RETRY_S = 0.5
+
+
 class BackgroundLoop:
     """The one long-running coroutine a service runs beside its server (the env loop, the training loop).
 
@@ -71,10 +75,14 @@ class BackgroundLoop:
         self._task = asyncio.create_task(self._guarded(work), name=self.name)
 
     async def cancel(self) -> None:
-        """Stop the loop if it is still running and wait until it has."""
-        if self._task is not None and not self._task.done():
+        """Stop the loop if it is still running and wait until it has.
+
+        The cancellation is repeated until the task ends: on Python 3.11 `asyncio.wait_for` swallows a
+        cancellation that arrives as its inner future completes, and a redial loop would then run on.
+        """
+        while self._task is not None and not self._task.done():
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait({self._task}, timeout=CANCEL_RETRY_S)
 
     async def _guarded(self, work: Callable[[], Awaitable[None]]) -> None:
         try:
