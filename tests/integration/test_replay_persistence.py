@@ -16,14 +16,13 @@ from typing import Any
 
 import grpc
 import pytest
-import torch
 
 from splitrl.cli.args import to_argv
 from splitrl.core import scrape
 from splitrl.core.service import SHUTDOWN_MARGIN_S
-from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
+from tests.chunks import tiny_chunk
 
 #: Plaintext where the settings know TLS (loopback only; the TLS tests live elsewhere).
 TLS: dict[str, Any] = {"tls": "plaintext"} if "tls" in ReplaySettings.model_fields else {}
@@ -31,19 +30,7 @@ START_TIMEOUT_S = 30.0
 
 
 def chunk(marker: int) -> replay_pb2.Trajectory:
-    steps = 8
-    return TrajectoryTensors(
-        observations=torch.full((steps + 1, 64), marker % 256, dtype=torch.uint8),
-        actions=torch.zeros(steps, dtype=torch.int64),
-        behaviour_log_probs=torch.zeros(steps),
-        values=torch.zeros(steps + 1),
-        rewards=torch.zeros(steps),
-        terminated=torch.zeros(steps, dtype=torch.bool),
-        truncated=torch.zeros(steps, dtype=torch.bool),
-        policy_versions=torch.zeros(steps, dtype=torch.int64),
-        step_ids=torch.arange(steps + 1),
-        encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    ).to_proto()
+    return tiny_chunk(8, marker=marker, features=64)
 
 
 class ReplayProcess:

@@ -6,17 +6,16 @@ import asyncio
 
 import grpc
 import pytest
-import torch
 from prometheus_client import CollectorRegistry
 
 from splitrl.core import rpc, scrape
 from splitrl.core.metrics import Metrics
 from splitrl.core.service import ServiceHost
-from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.replay.selectors import importance_weights
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
+from tests.chunks import tiny_chunk
 
 # Prioritized primary table: sampling from 2 items, one sample per insert, diff kept in [0, 4]; a FIFO extra table.
 SETTINGS = ReplaySettings(
@@ -32,18 +31,7 @@ SETTINGS = ReplaySettings(
 
 
 def chunk(steps: int = 2) -> replay_pb2.Trajectory:
-    return TrajectoryTensors(
-        observations=torch.zeros(steps + 1, 4, dtype=torch.uint8),
-        actions=torch.zeros(steps, dtype=torch.int64),
-        behaviour_log_probs=torch.zeros(steps),
-        values=torch.zeros(steps + 1),
-        rewards=torch.zeros(steps),
-        terminated=torch.zeros(steps, dtype=torch.bool),
-        truncated=torch.zeros(steps, dtype=torch.bool),
-        policy_versions=torch.zeros(steps, dtype=torch.int64),
-        step_ids=torch.arange(steps + 1),
-        encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    ).to_proto()
+    return tiny_chunk(steps)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -20,10 +19,10 @@ from splitrl.core import certs, rpc, scrape, security
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import Metrics
 from splitrl.core.service import ServiceHost
-from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
+from tests.chunks import tiny_chunk
 
 TOKEN = "s3cret-token-for-this-test"
 
@@ -61,18 +60,7 @@ async def info(channel: grpc.aio.Channel, **kwargs) -> replay_pb2.InfoResponse:
 
 
 def chunk(steps: int = 2) -> replay_pb2.Trajectory:
-    return TrajectoryTensors(
-        observations=torch.zeros(steps + 1, 4, dtype=torch.uint8),
-        actions=torch.zeros(steps, dtype=torch.int64),
-        behaviour_log_probs=torch.zeros(steps),
-        values=torch.zeros(steps + 1),
-        rewards=torch.zeros(steps),
-        terminated=torch.zeros(steps, dtype=torch.bool),
-        truncated=torch.zeros(steps, dtype=torch.bool),
-        policy_versions=torch.zeros(steps, dtype=torch.int64),
-        step_ids=torch.arange(steps + 1),
-        encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    ).to_proto()
+    return tiny_chunk(steps)
 
 
 async def insert_one(channel: grpc.aio.Channel) -> int:

@@ -11,12 +11,10 @@ import struct
 from pathlib import Path
 
 import pytest
-import torch
 from prometheus_client import CollectorRegistry
 
 from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest
-from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.replay.persistence import (
     MAGIC_LOG,
     CorruptData,
@@ -29,21 +27,11 @@ from splitrl.replay.persistence import (
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2
+from tests.chunks import tiny_chunk
 
 
 def chunk(marker: int, steps: int = 2) -> replay_pb2.Trajectory:
-    return TrajectoryTensors(
-        observations=torch.full((steps + 1, 4), marker, dtype=torch.uint8),
-        actions=torch.zeros(steps, dtype=torch.int64),
-        behaviour_log_probs=torch.zeros(steps),
-        values=torch.zeros(steps + 1),
-        rewards=torch.zeros(steps),
-        terminated=torch.zeros(steps, dtype=torch.bool),
-        truncated=torch.zeros(steps, dtype=torch.bool),
-        policy_versions=torch.zeros(steps, dtype=torch.int64),
-        step_ids=torch.arange(steps + 1),
-        encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    ).to_proto()
+    return tiny_chunk(steps, marker=marker)
 
 
 def settings(data_dir: Path, **overrides) -> ReplaySettings:
