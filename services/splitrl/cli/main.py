@@ -91,33 +91,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_bench_and_report(commands: Any) -> None:
-    from splitrl.bench.settings import NetworkBenchSettings
+def _benches() -> dict[str, tuple[Any, str]]:
+    """`splitrl bench NAME`: its settings class and help line (settings modules are light to import)."""
+    from splitrl.bench.framing import FramingSettings
+    from splitrl.bench.settings import NetworkBenchSettings, ThroughputBenchSettings
 
+    return {
+        "network": (
+            NetworkBenchSettings,
+            "WAN bytes per env step and final return for modes x codecs x widths (resumable).",
+        ),
+        "framing": (
+            FramingSettings,
+            "WAN counters vs kernel bytes on a veth between an edge and a cloud namespace (root).",
+        ),
+        "throughput": (
+            ThroughputBenchSettings,
+            "Env steps/s of the stack per mode vs a single-process loop; hop latency, CPU; link vs raw TCP.",
+        ),
+    }
+
+
+def _add_bench_and_report(commands: Any) -> None:
     bench = commands.add_parser("bench", help="Benchmarks that print and save figures.")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
-    network = benches.add_parser(
-        "network",
-        help="WAN bytes per env step and final return for modes x codecs x widths (resumable).",
-        description=NetworkBenchSettings.__doc__,
-    )
-    add_settings_arguments(network, NetworkBenchSettings)
-    from splitrl.bench.framing import FramingSettings
-
-    framing = benches.add_parser(
-        "framing",
-        help="WAN counters vs kernel bytes on a veth between an edge and a cloud namespace (root).",
-        description=FramingSettings.__doc__,
-    )
-    add_settings_arguments(framing, FramingSettings)
-    from splitrl.bench.settings import ThroughputBenchSettings
-
-    throughput = benches.add_parser(
-        "throughput",
-        help="Env steps/s of the stack per mode vs a single-process loop; hop latency, CPU; link vs raw TCP.",
-        description=ThroughputBenchSettings.__doc__,
-    )
-    add_settings_arguments(throughput, ThroughputBenchSettings)
+    for name, (settings_cls, help_text) in _benches().items():
+        add_settings_arguments(benches.add_parser(name, help=help_text, description=settings_cls.__doc__), settings_cls)
     report = commands.add_parser(
         "report",
         help="Table (markdown, CSV) and figures of WAN bytes and return from finished runs.",
@@ -167,22 +166,21 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
 
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from splitrl.bench.framing import FramingSettings, run_framing_bench
+    from splitrl.bench.framing import run_framing_bench
     from splitrl.bench.network import run_network_bench
-    from splitrl.bench.settings import NetworkBenchSettings, ThroughputBenchSettings
     from splitrl.bench.throughput import run_throughput_bench
 
-    benches: dict[str, tuple[Any, Callable[[Any], int]]] = {
-        "network": (NetworkBenchSettings, run_network_bench),
-        "framing": (FramingSettings, run_framing_bench),
-        "throughput": (ThroughputBenchSettings, run_throughput_bench),
+    runners: dict[str, Callable[[Any], int]] = {
+        "network": run_network_bench,
+        "framing": run_framing_bench,
+        "throughput": run_throughput_bench,
     }
-    settings_cls, run = benches[args.bench]
+    settings_cls, _ = _benches()[args.bench]
     try:
         settings: Any = settings_from_args(settings_cls, args)
     except ValueError as error:
         parser.exit(2, f"splitrl bench {args.bench}: {error}\n")
-    return run(settings)
+    return runners[args.bench](settings)
 
 
 def _split(names: str) -> list[str]:
