@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
 
-_LIST_FIELDS = ("modes", "observation_codecs", "activation_codecs", "widths", "seeds")
+T = TypeVar("T")
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _not_empty(value: list[Any]) -> list[Any]:
+    if not value:
+        raise ValueError("needs at least one entry")
+    return value
+
+
+#: A list given as "a,b,c" on the command line (or as a list); at least one entry.
+CommaList = Annotated[list[T], BeforeValidator(_split_commas), AfterValidator(_not_empty)]
 
 
 class NetworkBenchSettings(EnvSettings, Settings):
@@ -18,18 +34,18 @@ class NetworkBenchSettings(EnvSettings, Settings):
     env: str = Field("splitrl/Catch-v0", description="Gymnasium env id (CarRacing-v3 for the research's claim).")
     out: Path = Field(Path("runs/bench-network"), description="Output directory: runs/, report.md, runs.csv, PNGs.")
     steps: int = Field(20_000, ge=1, description="Env steps per run, over all envs.")
-    seeds: list[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
-    modes: list[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated modes to run.")
-    observation_codecs: list[ObservationCodec] = Field(
+    seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
+    modes: CommaList[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated modes to run.")
+    observation_codecs: CommaList[ObservationCodec] = Field(
         ["stack-bf16", "frame", "frame+zstd"], description="Cloud rows: comma-separated observation codecs."
     )
-    activation_codecs: list[FloatCodec] = Field(
+    activation_codecs: CommaList[FloatCodec] = Field(
         ["bf16", "int8+zstd"], description="Split rows: comma-separated activation codecs."
     )
     gradient_codec: FloatCodec | Literal["same"] = Field(
         "same", description="Split rows: gradient codec, or 'same' to match each row's activation codec."
     )
-    widths: list[int] = Field([4096, 256], description="Split rows: comma-separated encoder widths.")
+    widths: CommaList[int] = Field([4096, 256], description="Split rows: comma-separated encoder widths.")
     width: int = Field(4096, ge=1, le=65536, description="Cloud rows: the cloud model's encoder width (no WAN effect).")
     num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
     unroll_length: int = Field(32, ge=1, description="Steps per trajectory chunk.")
@@ -40,20 +56,6 @@ class NetworkBenchSettings(EnvSettings, Settings):
     return_window: float = Field(
         0.2, gt=0, le=1, description="Final return: episodes ending in this last share of each run's steps."
     )
-
-    @field_validator(*_LIST_FIELDS, mode="before")
-    @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator(*_LIST_FIELDS)
-    @classmethod
-    def _not_empty(cls, value: list[Any]) -> list[Any]:
-        if not value:
-            raise ValueError("needs at least one entry")
-        return value
 
     @field_validator("widths")
     @classmethod
@@ -73,7 +75,7 @@ class ThroughputBenchSettings(EnvSettings, Settings):
         2, ge=1, le=64, description="Stack: env groups in the environment process (2: double-buffered sampling)."
     )
     steps: int = Field(2400, ge=1, description="Env steps per measurement, over all envs.")
-    modes: list[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated stack modes.")
+    modes: CommaList[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated stack modes.")
     codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec.")
     activation_codec: FloatCodec = Field("bf16", description="Split modes' activation and gradient codec.")
     out: Path = Field(Path("runs/bench-throughput"), description="Output directory: runs/, throughput.md, .json.")
@@ -81,25 +83,11 @@ class ThroughputBenchSettings(EnvSettings, Settings):
     warmup_fraction: float = Field(
         0.15, ge=0, lt=1, description="Share of each measurement's env steps left out of its rate (start-up)."
     )
-    link_sizes: list[int] = Field(
+    link_sizes: CommaList[int] = Field(
         [512, 8192, 73728], description="Link microbenchmark: comma-separated tensor message sizes (bytes)."
     )
     link_seconds: float = Field(2.0, gt=0, description="Link microbenchmark: seconds per size and transport.")
     skip_link: bool = Field(False, description="Leave out the link microbenchmark.")
-
-    @field_validator("modes", "link_sizes", mode="before")
-    @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("modes", "link_sizes")
-    @classmethod
-    def _not_empty(cls, value: list[Any]) -> list[Any]:
-        if not value:
-            raise ValueError("needs at least one entry")
-        return value
 
     @field_validator("link_sizes")
     @classmethod
