@@ -75,10 +75,7 @@ def _is_complete(run_dir: Path, steps: int) -> bool:
 
 def _up_command(settings: NetworkBenchSettings, config: Config, seed: int, run_dir: Path) -> list[str]:
     flags: dict[str, Any] = {
-        "env": settings.env,
-        "env_kwargs": json.dumps(settings.env_kwargs),
-        "frame_size": settings.frame_size,
-        "frame_stack": settings.frame_stack,
+        **settings.env_flags(),  # width: each row's own, from config.up_flags() below
         "steps": settings.steps,
         "seed": seed,
         "num_envs": settings.num_envs,

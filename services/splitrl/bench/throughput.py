@@ -88,11 +88,7 @@ class ThroughputReport:
 def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> StackResult:
     """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory."""
     flags: dict[str, Any] = {
-        "env": settings.env,
-        "env_kwargs": json.dumps(settings.env_kwargs),
-        "frame_size": settings.frame_size,
-        "frame_stack": settings.frame_stack,
-        "width": settings.width,
+        **settings.env_flags(),
         "mode": mode,
         "codec": settings.codec,
         "activation_codec": settings.activation_codec,

@@ -113,13 +113,7 @@ def tls_flags(name: str, settings: UpSettings, run_dir: Path) -> dict[str, Any]:
 
 
 def service_flags(name: str, settings: UpSettings, children: dict[str, Child], run_dir: Path) -> dict[str, Any]:
-    shared = {
-        "env": settings.env,
-        "env_kwargs": json.dumps(settings.env_kwargs),
-        "frame_size": settings.frame_size,
-        "frame_stack": settings.frame_stack,
-        "width": settings.width,
-    }
+    shared = settings.env_flags()
     common = {
         "host": "127.0.0.1",
         "port": 0,

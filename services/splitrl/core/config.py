@@ -88,6 +88,16 @@ class EnvSettings(Settings):
         4096, ge=1, le=65536, description="Encoder activation width: numbers per step sent in split modes."
     )
 
+    def env_flags(self) -> dict[str, Any]:
+        """These settings as flag values for a child splitrl process (env_kwargs as its JSON text)."""
+        return {
+            "env": self.env,
+            "env_kwargs": json.dumps(self.env_kwargs),
+            "frame_size": self.frame_size,
+            "frame_stack": self.frame_stack,
+            "width": self.width,
+        }
+
     @field_validator("env_kwargs", mode="before")
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
