@@ -7,6 +7,7 @@ wire.WireError escape) and the server keeps serving other calls.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 from collections.abc import Callable, Sequence
@@ -220,6 +221,20 @@ def dial(target: str, transport: TransportSettings) -> grpc.aio.Channel:
 def insecure_channel(target: str) -> grpc.aio.Channel:
     """A plaintext client channel with splitrl's limits, no token (tests and tools talking to plaintext servers)."""
     return grpc.aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+
+
+async def exchange(call: grpc.aio.StreamStreamCall, request: Any, timeout_s: float, peer: str) -> Any:
+    """Write `request` on a lockstep stream and return `peer`'s answer.
+
+    Raises the call's status (AioRpcError) or ConnectionError if the peer ended the stream, and TimeoutError
+    if no answer came within `timeout_s`: a peer that keeps the connection but stops answering is given up on.
+    """
+    await call.write(request)
+    reply = await asyncio.wait_for(call.read(), timeout_s)
+    if reply is grpc.aio.EOF:
+        await raise_if_failed(call)
+        raise ConnectionError(f"{peer} closed the stream")
+    return reply
 
 
 async def raise_if_failed(call: grpc.aio.Call) -> None:

@@ -185,12 +185,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             await rpc.raise_if_failed(call)
             raise ConnectionError("inference closed the stream")
         self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
-        await call.write(request)
-        # Per-message liveness: inference that keeps the connection but stops answering is given up on.
-        response = await asyncio.wait_for(call.read(), self.settings.inference_timeout_s)
-        if response is grpc.aio.EOF:
-            await rpc.raise_if_failed(call)
-            raise ConnectionError("inference closed the stream")
+        response = await rpc.exchange(call, request, self.settings.inference_timeout_s, "inference")
         self.wan_meter.received(response, phase="rollout", payload="action")
         self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
         upstream.sequence += 1

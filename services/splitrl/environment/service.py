@@ -116,12 +116,7 @@ class EnvironmentService:
             step = group.pending.message(sequence)
             sent_at = time.perf_counter()
             self.meter.sent(step, phase="rollout", payload="observation")
-            await call.write(step)
-            # Per-message liveness: a hung edge (alive to keepalives, but not answering) is given up on.
-            reply = await asyncio.wait_for(call.read(), self.settings.peer_timeout_s)
-            if reply is grpc.aio.EOF:
-                await rpc.raise_if_failed(call)
-                raise ConnectionError("edge-encoder closed the stream")
+            reply = await rpc.exchange(call, step, self.settings.peer_timeout_s, "edge-encoder")
             self.meter.received(reply, phase="rollout", payload="action")
             self.metrics.hop_latency.labels(hop="environment-edge").observe(time.perf_counter() - sent_at)
             actions = self._actions(reply, sequence, group.envs.num_envs)
