@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest
+from splitrl.replay.dedup import Writers
 from splitrl.replay.persistence import (
     MAGIC_LOG,
     CorruptData,
     RecordReader,
     ReplayStore,
-    Writers,
     frame,
     segment_path,
 )

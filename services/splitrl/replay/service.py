@@ -18,7 +18,8 @@ import grpc
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest
 from splitrl.core.trajectory import from_proto
-from splitrl.replay.persistence import ReplayStore, Writers
+from splitrl.replay.dedup import Writers
+from splitrl.replay.persistence import ReplayStore
 from splitrl.replay.settings import ReplaySettings, TableSettings
 from splitrl.replay.table import InsertHook, Table
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
