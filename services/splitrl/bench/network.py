@@ -32,17 +32,21 @@ class Config:
     codec: str  # observation codec (cloud) or activation codec (split modes)
     width: int
     gradient_codec: str
+    video_crf: int | None = None  # cloud h264 rows only
 
     @property
     def slug(self) -> str:
         parts = [self.mode, self.codec.replace("+", "-")]
+        if self.video_crf is not None:
+            parts.append(f"crf{self.video_crf}")
         if self.mode != "cloud":
             parts += [f"w{self.width}", "g" + self.gradient_codec.replace("+", "-")]
         return "_".join(parts)
 
     def up_flags(self) -> dict[str, Any]:
         if self.mode == "cloud":
-            return {"mode": "cloud", "codec": self.codec, "width": self.width}
+            video = {} if self.video_crf is None else {"video_crf": self.video_crf}
+            return {"mode": "cloud", "codec": self.codec, "width": self.width, **video}
         return {
             "mode": self.mode,
             "activation_codec": self.codec,
@@ -52,11 +56,14 @@ class Config:
 
 
 def matrix(settings: NetworkBenchSettings) -> list[Config]:
-    """Cloud rows first (one per observation codec), then each split mode x activation codec x width."""
+    """Cloud rows first (one per observation codec, h264 once per CRF), then each split mode x activation
+    codec x width."""
     configs: list[Config] = []
     for mode in settings.modes:
         if mode == "cloud":
-            configs += [Config("cloud", codec, settings.width, "-") for codec in settings.observation_codecs]
+            for observation_codec in settings.observation_codecs:
+                crfs: list[int | None] = list(settings.video_crfs) if observation_codec == "h264" else [None]
+                configs += [Config("cloud", observation_codec, settings.width, "-", crf) for crf in crfs]
             continue
         for codec in settings.activation_codecs:
             gradient = codec if settings.gradient_codec == "same" else settings.gradient_codec
@@ -125,7 +132,7 @@ def run_network_bench(settings: NetworkBenchSettings) -> int:
         run_dirs.append(run_dir)
     if run_dirs:
         runs = [load_run(run_dir, settings.return_window) for run_dir in run_dirs]
-        for path in write_report(runs, settings.out):
+        for path in write_report(runs, settings.out, tolerance=settings.return_tolerance):
             print(f"wrote {path}")
         print((settings.out / "report.md").read_text())
     if failed:

@@ -17,30 +17,39 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from splitrl.bench.results import BASELINE, PHASES, RESEARCH_BYTES_PER_STEP, Row, RunResult, group_rows
+from splitrl.bench.results import (
+    PHASES,
+    RESEARCH_BYTES_PER_STEP,
+    RETURN_TOLERANCE,
+    Row,
+    RunResult,
+    best_cloud,
+    group_rows,
+)
 from splitrl.cli.plots import curve_bins
 from splitrl.cli.progress import human_bytes
 
-FIGURES = ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png")
+FIGURES = ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png", "pareto.png")
 
 
-def write_report(runs: list[RunResult], out: Path, framing: Sequence[str] = ()) -> list[Path]:
+def write_report(
+    runs: list[RunResult], out: Path, framing: Sequence[str] = (), tolerance: float = RETURN_TOLERANCE
+) -> list[Path]:
     """Write report.md, runs.csv and FIGURES into `out`; returns the paths written.
 
-    `framing`: markdown sections of `splitrl bench framing` results, appended to report.md.
+    `framing`: markdown sections of `splitrl bench framing` results, appended to report.md. `tolerance`: how far
+    below `cloud frame`'s return a cloud row may end and still count as matched (see results.best_cloud).
     """
     out.mkdir(parents=True, exist_ok=True)
     rows = group_rows(runs)
-    (out / "report.md").write_text("\n".join([markdown(rows), *framing]))
+    (out / "report.md").write_text("\n".join([markdown(rows, tolerance), *framing]))
     write_csv(runs, out / "runs.csv")
-    _bytes_figure(rows, out / FIGURES[0])
+    baseline, _ = best_cloud(rows, tolerance)
+    _bytes_figure(rows, baseline, out / FIGURES[0])
     _cumulative_figure(rows, out / FIGURES[1])
     _return_figure(rows, out / FIGURES[2])
+    _pareto_figure(rows, out / FIGURES[3])
     return [out / "report.md", out / "runs.csv", *(out / name for name in FIGURES)]
-
-
-def _baseline(rows: list[Row]) -> Row | None:
-    return next((row for row in rows if row.name.split(" @")[0] == BASELINE), None)
 
 
 def _return_text(row: Row) -> str:
@@ -53,27 +62,35 @@ def _return_text(row: Row) -> str:
     return f"{mean:+.2f} ({min(returns):+.2f}..{max(returns):+.2f}, {len(returns)} seeds)"
 
 
-def markdown(rows: list[Row]) -> str:
-    """The research's table shape, measured: per row, WAN numbers and bytes per env step by phase, and return."""
-    baseline = _baseline(rows)
+def markdown(rows: list[Row], tolerance: float = RETURN_TOLERANCE) -> str:
+    """The research's table shape, measured: per row, WAN numbers and bytes per env step by phase, and return.
+
+    Every row's bytes are compared with the best cloud codec at matched return (results.best_cloud).
+    """
+    baseline, chosen = best_cloud(rows, tolerance)
     envs = sorted({run.env for row in rows for run in row.runs})
+    versus = "vs best cloud" if baseline is None else f"vs `{baseline.name}`"
     lines = [
         f"# Network study: {', '.join(envs)}",
         "",
         "WAN = the `encoder-inference` and `learner-encoder` links. Bytes are serialized protobuf bytes as sent;",
         "numbers are tensor elements (the research's unit). Per env step, mean over seeds. Final return: mean",
-        "return of the episodes that ended in the last 20% of each run's env steps.",
+        "return of the episodes that ended in the last 20% of each run's env steps. Training share: WAN training",
+        "bytes (activations up, gradients down) as a share of WAN rollout bytes.",
         "",
-        "| row | env steps | WAN numbers/step | rollout B/step | training B/step | total WAN B/step "
-        f"| vs `{BASELINE}` | final return | env steps/s |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+        f"Baseline: **{'none' if baseline is None else baseline.name}**, the {chosen}.",
+        "",
+        "| row | env steps | WAN numbers/step | rollout B/step | training B/step | training share "
+        f"| total WAN B/step | {versus} | final return | env steps/s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for row in rows:
         ratio = "" if baseline is None else f"{row.wan_bytes_per_step / baseline.wan_bytes_per_step:.3g}x"
+        share = "" if row.training_share is None else f"{row.training_share:.0%}"
         lines.append(
             f"| {row.name} | {row.env_steps:,} | {row.wan_numbers_per_step:,.0f} | {row.per_step('rollout'):,.0f} "
-            f"| {row.per_step('training'):,.0f} | {row.wan_bytes_per_step:,.0f} | {ratio} | {_return_text(row)} "
-            f"| {row.steps_per_second:,.0f} |"
+            f"| {row.per_step('training'):,.0f} | {share} | {row.wan_bytes_per_step:,.0f} | {ratio} "
+            f"| {_return_text(row)} | {row.steps_per_second:,.0f} |"
         )
     lines += [
         "",
@@ -133,7 +150,7 @@ def _colours(rows: list[Row]) -> dict[str, tuple[float, ...]]:
     return {row.name: palette(i % palette.N) for i, row in enumerate(rows)}
 
 
-def _bytes_figure(rows: list[Row], out: Path) -> None:
+def _bytes_figure(rows: list[Row], baseline: Row | None, out: Path) -> None:
     """Horizontal bars of WAN bytes per env step (log scale), rollout and training stacked, research marked."""
     fig, axes = _figure(11, 1.2 + 0.45 * len(rows))
     positions = np.arange(len(rows))
@@ -147,9 +164,8 @@ def _bytes_figure(rows: list[Row], out: Path) -> None:
     for name, research in RESEARCH_BYTES_PER_STEP.items():
         axes.axvline(sum(research.values()), color="grey", linestyle=":", linewidth=1)
         axes.text(sum(research.values()), 0.99, f"research:\n{name} ", fontsize=7, va="top", ha="right", transform=top)
-    baseline = _baseline(rows)
     if baseline is not None:
-        axes.axvline(baseline.wan_bytes_per_step, color="tab:red", linestyle="--", label=f"{BASELINE} (baseline)")
+        axes.axvline(baseline.wan_bytes_per_step, color="tab:red", linestyle="--", label=f"{baseline.name} (baseline)")
     axes.set_yticks(positions, [row.name for row in rows])
     axes.invert_yaxis()
     axes.set_xscale("log")
@@ -209,4 +225,65 @@ def _return_figure(rows: list[Row], out: Path) -> None:
     axes.set_ylabel("mean episode return")
     axes.set_title("Return vs WAN bytes spent")
     axes.grid(alpha=0.3)
+    fig.savefig(out, dpi=100)
+
+
+def pareto_front(rows: list[Row]) -> list[Row]:
+    """Rows no other row beats on both counts (fewer or equal WAN bytes per step and higher or equal final
+    return, one of them strictly), cheapest first; rows without episodes are left out."""
+    scored = [row for row in rows if row.mean_return is not None]
+
+    def dominated(row: Row) -> bool:
+        return any(
+            other.wan_bytes_per_step <= row.wan_bytes_per_step
+            and other.mean_return >= row.mean_return  # type: ignore[operator]
+            and (other.wan_bytes_per_step, other.mean_return) != (row.wan_bytes_per_step, row.mean_return)
+            for other in scored
+        )
+
+    return sorted((row for row in scored if not dominated(row)), key=lambda row: row.wan_bytes_per_step)
+
+
+def _pareto_figure(rows: list[Row], out: Path) -> None:
+    """Final return against total WAN bytes per env step, one point per row (bars: seed range), one panel per
+    env, with the Pareto front drawn through the rows nothing beats on both."""
+    envs = sorted({run.env for row in rows for run in row.runs})
+    fig = Figure(figsize=(10, 6 * len(envs)), layout="constrained")
+    FigureCanvasAgg(fig)
+    for axes, env in zip(np.atleast_1d(fig.subplots(len(envs), 1)), envs, strict=True):
+        here = [row for row in rows if any(run.env == env for run in row.runs)]
+        for row in here:
+            if row.mean_return is None:
+                continue
+            spread = [[row.mean_return - min(row.returns)], [max(row.returns) - row.mean_return]]
+            colour = "tab:blue" if row.is_cloud else "tab:orange"
+            axes.errorbar(row.wan_bytes_per_step, row.mean_return, yerr=spread, fmt="o", color=colour, capsize=3)
+            axes.annotate(
+                row.name,
+                (row.wan_bytes_per_step, row.mean_return),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
+        front = pareto_front(here)
+        if front:
+            axes.step(
+                [row.wan_bytes_per_step for row in front],
+                [row.mean_return for row in front],
+                where="post",
+                color="grey",
+                linestyle="--",
+                label="Pareto front",
+            )
+            axes.set_xscale("log")
+            axes.xaxis.set_major_formatter(FuncFormatter(lambda x, _: human_bytes(x)))
+            axes.plot([], [], "o", color="tab:blue", label="cloud (observations)")
+            axes.plot([], [], "o", color="tab:orange", label="split (activations + gradients)")
+            axes.legend(fontsize=8)
+        else:
+            axes.text(0.5, 0.5, "no finished episodes", ha="center", va="center", transform=axes.transAxes)
+        axes.set_xlabel("total WAN bytes per env step (rollout + training, log scale)")
+        axes.set_ylabel("final return")
+        axes.set_title(f"{env}: return vs WAN bytes per env step")
+        axes.grid(alpha=0.3)
     fig.savefig(out, dpi=100)

@@ -25,8 +25,11 @@ RESEARCH_BYTES_PER_STEP: dict[str, dict[str, float]] = {
     "cloud stack-bf16": {"rollout": 73_728, "training": 0},
     "split bf16 w4096": {"rollout": 8_192, "training": 66e9 / 400e3},
 }
-#: The strong cloud baseline every row is compared with (DESIGN.md §1: ~1,354 B per CarRacing step).
-BASELINE = "cloud frame+zstd"
+#: The cloud row whose return every other cloud row must match to count as a baseline: one lossless frame per
+#: step, stacked in the cloud, so its learning is what any observation codec should reach.
+REFERENCE = "cloud frame"
+#: Default share of |reference return| a cloud row may fall short by and still be "at matched return".
+RETURN_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ def row_name(settings: dict[str, Any]) -> tuple[str, str, int, str]:
     width = int(settings.get("width", 4096))
     if mode == "cloud":
         codec = settings.get("codec", "frame")
+        if codec == "h264":
+            codec = f"h264 crf{settings.get('video_crf', 23)}"
         return f"cloud {codec}", codec, width, "-"
     codec = settings.get("activation_codec", "bf16")
     gradient = settings.get("gradient_codec", "bf16")
@@ -151,8 +156,46 @@ class Row:
         return [run.final_return for run in self.runs if run.final_return is not None]
 
     @property
+    def mean_return(self) -> float | None:
+        returns = self.returns
+        return statistics.fmean(returns) if returns else None
+
+    @property
+    def training_share(self) -> float | None:
+        """WAN training bytes as a share of WAN rollout bytes (the gradient budget); None without rollout bytes."""
+        rollout = self.per_step("rollout")
+        return self.per_step("training") / rollout if rollout > 0 else None
+
+    @property
+    def is_cloud(self) -> bool:
+        return self.name.startswith("cloud ")
+
+    @property
     def steps_per_second(self) -> float:
         return statistics.fmean(run.env_steps / run.wall_seconds for run in self.runs if run.wall_seconds > 0)
+
+
+def best_cloud(rows: list[Row], tolerance: float = RETURN_TOLERANCE) -> tuple[Row | None, str]:
+    """The baseline every row is compared with, and how it was chosen.
+
+    It is the cloud row with the fewest WAN bytes per step among those whose mean final return is at least
+    the REFERENCE row's minus `tolerance` x |reference return| (matched return). Without a REFERENCE row that
+    has episodes, it is the cheapest cloud row, and the reason says that returns were not matched.
+    """
+    cloud = [row for row in rows if row.is_cloud]
+    if not cloud:
+        return None, "no cloud row was run"
+    reference = next((row for row in cloud if row.name.split(" @")[0] == REFERENCE), None)
+    if reference is None or reference.mean_return is None:
+        cheapest = min(cloud, key=lambda row: row.wan_bytes_per_step)
+        return cheapest, f"cheapest cloud row; returns not matched (no `{REFERENCE}` row with episodes)"
+    floor = reference.mean_return - tolerance * abs(reference.mean_return)
+    matched = [row for row in cloud if row.mean_return is not None and row.mean_return >= floor]
+    best = min(matched, key=lambda row: row.wan_bytes_per_step)
+    return best, (
+        f"cheapest cloud row whose final return is >= {floor:+.3g} (`{REFERENCE}`'s {reference.mean_return:+.3g} "
+        f"less {tolerance:.0%} of its magnitude)"
+    )
 
 
 def group_rows(runs: list[RunResult]) -> list[Row]:

@@ -37,7 +37,11 @@ class NetworkBenchSettings(EnvSettings, Settings):
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
     modes: CommaList[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated modes to run.")
     observation_codecs: CommaList[ObservationCodec] = Field(
-        ["stack-bf16", "frame", "frame+zstd"], description="Cloud rows: comma-separated observation codecs."
+        ["stack-bf16", "frame", "frame+zstd", "h264"],
+        description="Cloud rows: comma-separated observation codecs (h264: one row per --video-crfs entry).",
+    )
+    video_crfs: CommaList[int] = Field(
+        [18, 23, 28], description="Cloud h264 rows: comma-separated x264 CRFs (0 lossless ... 51)."
     )
     activation_codecs: CommaList[FloatCodec] = Field(
         ["bf16", "int8+zstd"], description="Split rows: comma-separated activation codecs."
@@ -56,12 +60,25 @@ class NetworkBenchSettings(EnvSettings, Settings):
     return_window: float = Field(
         0.2, gt=0, le=1, description="Final return: episodes ending in this last share of each run's steps."
     )
+    return_tolerance: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="Baseline: the cheapest cloud row whose final return is within this share of `cloud frame`'s.",
+    )
 
     @field_validator("widths")
     @classmethod
     def _widths_positive(cls, value: list[int]) -> list[int]:
         if any(width < 1 for width in value):
             raise ValueError(f"widths must be >= 1, got {value}")
+        return value
+
+    @field_validator("video_crfs")
+    @classmethod
+    def _crfs_in_range(cls, value: list[int]) -> list[int]:
+        if any(not 0 <= crf <= 51 for crf in value):
+            raise ValueError(f"video CRFs must be in [0, 51], got {value}")
         return value
 
 

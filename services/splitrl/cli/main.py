@@ -128,15 +128,25 @@ def _add_bench_and_report(commands: Any) -> None:
     )
     report.add_argument("--out", type=Path, default=None, help="Where to write (default: FIRST_RUN_DIR/report).")
     report.add_argument("--return-window", type=float, default=0.2, help="Final return: last share of env steps.")
+    report.add_argument(
+        "--return-tolerance",
+        type=float,
+        default=0.1,
+        help="Baseline: the cheapest cloud row whose final return is within this share of `cloud frame`'s.",
+    )
 
 
-def _report(parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | None, window: float) -> int:
+def _report(
+    parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | None, window: float, tolerance: float
+) -> int:
     from splitrl.bench.framing import FramingResult
     from splitrl.bench.report import write_report
     from splitrl.bench.results import find_runs, load_run
 
     if not 0 < window <= 1:
         parser.exit(2, f"splitrl report: --return-window must be in (0, 1], got {window}\n")
+    if not 0 <= tolerance < 1:
+        parser.exit(2, f"splitrl report: --return-tolerance must be in [0, 1), got {tolerance}\n")
     try:
         runs = [load_run(run_dir, window) for run_dir in find_runs(run_dirs)]
         framing = [
@@ -146,7 +156,7 @@ def _report(parser: argparse.ArgumentParser, run_dirs: list[Path], out: Path | N
         ]
     except (OSError, ValueError, KeyError, TypeError) as error:
         parser.exit(2, f"splitrl report: {error}\n")
-    for path in write_report(runs, out or run_dirs[0] / "report", framing):
+    for path in write_report(runs, out or run_dirs[0] / "report", framing, tolerance):
         print(f"wrote {path}")
     return 0
 
@@ -225,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "plot":
         return _plot(parser, args.run_dir)
     if args.command == "report":
-        return _report(parser, args.run_dirs, args.out, args.return_window)
+        return _report(parser, args.run_dirs, args.out, args.return_window, args.return_tolerance)
     if args.command == "bench":
         return _bench(parser, args)
     from splitrl.cli.up import UpSettings, run_up

@@ -28,22 +28,25 @@ from splitrl.cli.progress import Progress
 from splitrl.core import certs, scrape
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings, TlsMode
 from splitrl.core.metrics import WAN_LINKS
+from splitrl.core.video import VideoSettings
 
 START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
 
 
-class UpSettings(EnvSettings, Settings):
+class UpSettings(EnvSettings, VideoSettings, Settings):
     """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
 
     mode: Mode = Field("split", description="Training mode: cloud, split or split-accumulate.")
     codec: ObservationCodec = Field(
-        "frame", description="Cloud mode's observation codec: frame, frame+zstd or stack-bf16."
+        "frame",
+        description="Cloud mode's observation codec: frame, frame+zstd, h264 (a video stream per env, see "
+        "--video-crf) or stack-bf16.",
     )
     activation_codec: FloatCodec = Field(
-        "bf16", description="Split modes: activation codec on the WAN: bf16, int8 or fp8, optionally +zstd."
+        "bf16", description="Split modes: activation codec on the WAN: bf16, int8, int4 or fp8, optionally +zstd."
     )
     gradient_codec: FloatCodec = Field(
-        "bf16", description="Split modes: gradient codec on the WAN: bf16, int8 or fp8, optionally +zstd."
+        "bf16", description="Split modes: gradient codec on the WAN: bf16, int8, int4 or fp8, optionally +zstd."
     )
     steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
     num_envs: int = Field(4, ge=1, le=1024, description="Envs in the environment process.")
@@ -164,6 +167,8 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
             "learner_address": address("learner"),
             "mode": settings.mode,
             "codec": settings.codec,
+            "video_crf": settings.video_crf,
+            "video_preset": settings.video_preset,
             "activation_codec": settings.activation_codec,
             "seed": settings.seed,
             "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",

@@ -14,7 +14,7 @@ from splitrl.core.config import Mode, ObservationCodec
 from splitrl.core.metrics import Payload
 from splitrl.core.wire import DType
 
-StreamCodec = Literal["activation", "frame", "stack-bf16"]
+StreamCodec = Literal["activation", "frame", "video", "stack-bf16"]
 CODEC_METADATA_KEY = "splitrl-codec"
 EDGE_ID_METADATA_KEY = "splitrl-edge-id"
 #: Names one environment stream (random per stream, SEED RL's run id): inference keeps per-stream state
@@ -28,14 +28,15 @@ def new_run_id() -> str:
 
 
 def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:
-    """What an edge in `mode` streams: activations in split modes, frames or frame stacks in cloud.
+    """What an edge in `mode` streams: activations in split modes, frames, video or frame stacks in cloud.
 
     Compression and quantization are not part of it: every Tensor describes its own (splitrl.core.wire),
-    so inference accepts `frame` and `frame+zstd` alike, and any activation codec.
+    so inference accepts `frame` and `frame+zstd` alike, and any activation codec. Video is a stream of
+    its own: its frames decode only in that stream's decoders (splitrl.core.video).
     """
     if mode != "cloud":
         return "activation"
-    return "stack-bf16" if codec == "stack-bf16" else "frame"
+    return {"stack-bf16": "stack-bf16", "h264": "video"}.get(codec, "frame")  # type: ignore[return-value]
 
 
 def payload_of(codec: StreamCodec) -> Payload:
@@ -52,6 +53,6 @@ def expected_observation(
     """
     if codec == "activation":
         return None, (num_envs, width)
-    if codec == "frame":
+    if codec in ("frame", "video"):
         return DType.DTYPE_UINT8, (num_envs, frame_size, frame_size)
     return DType.DTYPE_BFLOAT16, (num_envs, frame_stack, frame_size, frame_size)

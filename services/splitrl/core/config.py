@@ -16,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Mode = Literal["cloud", "split", "split-accumulate"]
 #: How cloud mode sends observations over the WAN (DESIGN.md §3): the newest uint8 frame (stacked in the
-#: cloud), the same zstd-compressed (the strong baseline), or the research's bf16 frame stack.
-ObservationCodec = Literal["frame", "frame+zstd", "stack-bf16"]
-#: How a float tensor (activations, gradients) crosses a link: bfloat16, int8 or float8 (e4m3) with one
+#: cloud), the same zstd-compressed, an H.264 video stream per env (the strongest: splitrl.core.video), or
+#: the research's bf16 frame stack.
+ObservationCodec = Literal["frame", "frame+zstd", "h264", "stack-bf16"]
+#: How a float tensor (activations, gradients) crosses a link: bfloat16, int8, int4 or float8 (e4m3) with one
 #: float32 scale per row, each optionally zstd-compressed (splitrl.core.wire.encode_float).
-FloatCodec = Literal["bf16", "int8", "fp8", "bf16+zstd", "int8+zstd", "fp8+zstd"]
+FloatCodec = Literal["bf16", "int8", "int4", "fp8", "bf16+zstd", "int8+zstd", "int4+zstd", "fp8+zstd"]
 
 
 class Settings(BaseModel):

@@ -42,7 +42,7 @@ _LATENCY_BUCKETS = (
 def tensor_elements(message: Message) -> int:
     """Total elements of every splitrl.v1.Tensor inside `message`, at any depth.
 
-    Counted from the bytes each tensor carries (len(data) / itemsize), which equals
+    Counted from the bytes each tensor carries (len(data) / bytes per element), which equals
     product(shape) for every valid tensor and cannot be inflated or made negative
     by a forged shape; a tensor of unknown dtype counts 0. A compressed tensor counts
     product(shape), clipped to what the wire's size limit allows (a forged shape is
@@ -50,14 +50,14 @@ def tensor_elements(message: Message) -> int:
     """
     if isinstance(message, tensor_pb2.Tensor):
         try:
-            itemsize = wire.itemsize(message.dtype)
+            if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
+                return wire.elements_in(message.dtype, len(message.data))
+            most = wire.elements_in(message.dtype, wire.DEFAULT_MAX_TENSOR_BYTES)
         except wire.WireError:
             return 0
-        if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
-            return len(message.data) // itemsize
         if any(dim < 0 for dim in message.shape):
             return 0
-        return min(math.prod(message.shape), wire.DEFAULT_MAX_TENSOR_BYTES // itemsize)
+        return min(math.prod(message.shape), most)
     total = 0
     for field, value in message.ListFields():
         if field.message_type is None:
@@ -269,6 +269,17 @@ class Metrics:
         )
         self.streams_open = Gauge(
             "splitrl_streams_open", "Client streams this server is serving now.", ["method"], registry=registry
+        )
+        self.video_psnr = Summary(
+            "splitrl_video_psnr_db",
+            "PSNR (dB) of each batch of frames as the cloud decodes them, measured on the edge by decoding its own "
+            "H.264 packets (cloud --codec h264); identical frames count as 100 dB. Mean = _sum / _count.",
+            registry=registry,
+        )
+        self.video_decode_errors = Counter(
+            "splitrl_video_decode_errors",
+            "H.264 batches inference refused (malformed, truncated or oversize packets); each ends its stream.",
+            registry=registry,
         )
 
 

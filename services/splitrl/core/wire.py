@@ -4,14 +4,19 @@ A `splitrl.v1.Tensor` holds a dtype, a shape and the elements as row-major,
 little-endian bytes, optionally zstd-compressed, and for quantized tensors one
 float32 scale per row. `encode` builds one from a torch tensor or numpy array;
 `encode_float` puts a float tensor on the wire with a `FloatCodec` (bf16, int8,
-fp8, each optionally +zstd). `decode` checks every invariant before it trusts
-the bytes and raises `WireError` (a ValueError) naming the mismatch;
+int4, fp8, each optionally +zstd). `decode` checks every invariant before it
+trusts the bytes and raises `WireError` (a ValueError) naming the mismatch;
 `decode_float` also undoes quantization. Servers turn WireError into gRPC
 INVALID_ARGUMENT (see splitrl.core.rpc).
+
+A batch of frames sent as video (COMPRESSION_H264) is framed here too
+(`encode_packets`, `video_packets`: one packet per row), but only a stateful
+decoder turns packets into frames: splitrl.core.video.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
 from collections.abc import Sequence
@@ -48,25 +53,40 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class _DTypeInfo:
-    torch_dtype: torch.dtype
-    itemsize: int  # bytes per element
+    torch_dtype: torch.dtype  # what decode returns; INT4 comes back unpacked, one int8 per element
+    bits: int  # per element on the wire
 
 
 _DTYPES: dict[int, _DTypeInfo] = {
-    DType.DTYPE_BFLOAT16: _DTypeInfo(torch.bfloat16, 2),
-    DType.DTYPE_FLOAT32: _DTypeInfo(torch.float32, 4),
-    DType.DTYPE_UINT8: _DTypeInfo(torch.uint8, 1),
-    DType.DTYPE_INT8: _DTypeInfo(torch.int8, 1),
-    DType.DTYPE_INT64: _DTypeInfo(torch.int64, 8),
-    DType.DTYPE_FLOAT16: _DTypeInfo(torch.float16, 2),
-    DType.DTYPE_BOOL: _DTypeInfo(torch.bool, 1),
-    DType.DTYPE_FLOAT8_E4M3FN: _DTypeInfo(torch.float8_e4m3fn, 1),
+    DType.DTYPE_BFLOAT16: _DTypeInfo(torch.bfloat16, 16),
+    DType.DTYPE_FLOAT32: _DTypeInfo(torch.float32, 32),
+    DType.DTYPE_UINT8: _DTypeInfo(torch.uint8, 8),
+    DType.DTYPE_INT8: _DTypeInfo(torch.int8, 8),
+    DType.DTYPE_INT64: _DTypeInfo(torch.int64, 64),
+    DType.DTYPE_FLOAT16: _DTypeInfo(torch.float16, 16),
+    DType.DTYPE_BOOL: _DTypeInfo(torch.bool, 8),
+    DType.DTYPE_FLOAT8_E4M3FN: _DTypeInfo(torch.float8_e4m3fn, 8),
+    DType.DTYPE_INT4: _DTypeInfo(torch.int8, 4),
 }
-#: Quantized dtypes and the largest magnitude a row is scaled to (int8 keeps -128 unused: symmetric).
-_QUANTIZED_LIMIT: dict[int, float] = {DType.DTYPE_INT8: 127.0, DType.DTYPE_FLOAT8_E4M3FN: 448.0}
+#: Quantized dtypes and the largest magnitude a row is scaled to (int8 and int4 are symmetric: -128 and -8 unused).
+_QUANTIZED_LIMIT: dict[int, float] = {
+    DType.DTYPE_INT8: 127.0,
+    DType.DTYPE_INT4: 7.0,
+    DType.DTYPE_FLOAT8_E4M3FN: 448.0,
+}
 _FLOAT_DTYPES = frozenset({DType.DTYPE_BFLOAT16, DType.DTYPE_FLOAT16, DType.DTYPE_FLOAT32, DType.DTYPE_FLOAT8_E4M3FN})
-_CODEC_DTYPES = {"bf16": DType.DTYPE_BFLOAT16, "int8": DType.DTYPE_INT8, "fp8": DType.DTYPE_FLOAT8_E4M3FN}
-_BY_TORCH: dict[torch.dtype, int] = {info.torch_dtype: code for code, info in _DTYPES.items()}
+_CODEC_DTYPES = {
+    "bf16": DType.DTYPE_BFLOAT16,
+    "int8": DType.DTYPE_INT8,
+    "int4": DType.DTYPE_INT4,
+    "fp8": DType.DTYPE_FLOAT8_E4M3FN,
+}
+#: The wire dtype of each torch dtype `encode` takes (INT4 has no torch dtype: encode_float packs it).
+_BY_TORCH: dict[torch.dtype, int] = {
+    info.torch_dtype: code for code, info in _DTYPES.items() if code != DType.DTYPE_INT4
+}
+#: Largest H.264 packet accepted for one frame of P pixels: 2 P + 1 KiB (a lossless keyframe of noise stays below).
+_VIDEO_PACKET_SLACK_BYTES = 1024
 
 #: Wire dtype names as used in configuration ("bfloat16", "uint8", ...).
 DTYPE_NAMES: dict[str, int] = {DType.Name(code).removeprefix("DTYPE_").lower(): code for code in _DTYPES}
@@ -80,9 +100,14 @@ def dtype_code(name: str) -> int:
         raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(DTYPE_NAMES)}") from None
 
 
-def itemsize(dtype: int) -> int:
-    """Bytes per element of a wire DType."""
-    return _info(dtype).itemsize
+def data_bytes(dtype: int, elements: int) -> int:
+    """Bytes that `elements` elements of a wire DType occupy, uncompressed (INT4: half a byte each, rounded up)."""
+    return (elements * _info(dtype).bits + 7) // 8
+
+
+def elements_in(dtype: int, nbytes: int) -> int:
+    """Most elements of a wire DType that `nbytes` uncompressed bytes can hold."""
+    return nbytes * 8 // _info(dtype).bits
 
 
 def _info(dtype: int) -> _DTypeInfo:
@@ -112,13 +137,16 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compre
         raw = tensor.view(torch.int16)
     elif tensor.dtype == torch.float8_e4m3fn:
         raw = tensor.view(torch.uint8)
-    data = raw.numpy().tobytes()
+    return _message(code, tensor.shape, raw.numpy().tobytes(), compress)
+
+
+def _message(dtype: int, shape: Sequence[int], data: bytes, compress: bool) -> Tensor:
     if not compress:
-        return Tensor(dtype=code, shape=list(tensor.shape), data=data)  # type: ignore[arg-type]
+        return Tensor(dtype=dtype, shape=list(shape), data=data)  # type: ignore[arg-type]
     packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
     return Tensor(
-        dtype=code,  # type: ignore[arg-type]
-        shape=list(tensor.shape),
+        dtype=dtype,  # type: ignore[arg-type]
+        shape=list(shape),
         data=packed,
         compression=Compression.COMPRESSION_ZSTD,
     )
@@ -127,10 +155,10 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compre
 def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
     """Put a float tensor of rank >= 1 on the wire with `codec` (one of FLOAT_CODECS).
 
-    bf16 rounds to bfloat16. int8 and fp8 scale each row (outermost dimension) so its largest
-    magnitude becomes 127 (int8, rounded) or 448 (float8 e4m3), and send the scales as float32
-    `row_scale`; an all-zero row gets scale 0. "+zstd" compresses the elements. NaN or Inf cannot
-    be quantized: WireError.
+    bf16 rounds to bfloat16. int8, int4 and fp8 scale each row (outermost dimension) so its largest
+    magnitude becomes 127 (int8, rounded), 7 (int4, rounded; packed two per byte) or 448 (float8
+    e4m3), and send the scales as float32 `row_scale`; an all-zero row gets scale 0. "+zstd"
+    compresses the elements. NaN or Inf cannot be quantized: WireError.
     """
     precision, _, packing = codec.partition("+")
     if precision not in _CODEC_DTYPES or packing not in ("", "zstd"):
@@ -147,13 +175,62 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
     limit = _QUANTIZED_LIMIT[dtype]
     scale = rows.abs().amax(dim=1) / limit if rows.numel() else torch.zeros(rows.shape[0])
     scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
-    if dtype == DType.DTYPE_INT8:
-        quantized = scaled.round().clamp(-limit, limit).to(torch.int8)
-    else:
+    if dtype == DType.DTYPE_FLOAT8_E4M3FN:
         quantized = scaled.clamp(-limit, limit).to(torch.float8_e4m3fn)
-    message = encode(quantized.reshape(value.shape), compress=compress)
+    else:
+        quantized = scaled.round().clamp(-limit, limit).to(torch.int8)
+    if dtype == DType.DTYPE_INT4:
+        message = _message(dtype, value.shape, _pack_int4(quantized), compress)
+    else:
+        message = encode(quantized.reshape(value.shape), compress=compress)
     message.row_scale.extend(scale.tolist())
     return message
+
+
+def _pack_int4(values: torch.Tensor) -> bytes:
+    """int8 values in [-7, 7] -> two's-complement nibbles, element 2k low and 2k+1 high in byte k."""
+    nibbles = values.reshape(-1).numpy().astype(np.uint8) & 0x0F
+    if nibbles.size % 2:
+        nibbles = np.append(nibbles, np.uint8(0))
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
+
+
+def _unpack_int4(data: bytes, count: int) -> torch.Tensor:
+    """The inverse of _pack_int4: `count` int8 elements; WireError for -8 or a set padding nibble."""
+    packed = np.frombuffer(data, dtype=np.uint8)
+    nibbles = np.empty(packed.size * 2, dtype=np.uint8)
+    nibbles[0::2], nibbles[1::2] = packed & 0x0F, packed >> 4
+    if nibbles.size > count and nibbles[count:].any():
+        raise WireError("int4 tensor has a non-zero padding nibble after its last element")
+    values = nibbles[:count].astype(np.int8)
+    if (values == 8).any():
+        raise WireError("int4 tensor holds -8; elements must be in [-7, 7]")
+    values[values > 8] -= 16
+    return torch.from_numpy(values)
+
+
+def encode_packets(packets: Sequence[bytes], shape: Sequence[int]) -> Tensor:
+    """A batch of frames as video: one H.264 packet per row of uint8 `shape` [N, H, W] (see splitrl.core.video)."""
+    if len(shape) != 3 or len(packets) != shape[0]:
+        raise WireError(f"video needs one packet per row of an [N, H, W] shape; got {len(packets)} for {list(shape)}")
+    return Tensor(
+        dtype=DType.DTYPE_UINT8,
+        shape=list(shape),
+        data=b"".join(packets),
+        compression=Compression.COMPRESSION_H264,
+        packet_sizes=[len(packet) for packet in packets],
+    )
+
+
+def video_packets(
+    message: Tensor, *, max_bytes: int = DEFAULT_MAX_TENSOR_BYTES, expect_shape: Sequence[int | None] | None = None
+) -> list[bytes]:
+    """Validate a COMPRESSION_H264 tensor (see `validate`) and split its data into one packet per row."""
+    if message.compression != Compression.COMPRESSION_H264:
+        raise WireError(f"expected an H.264 video tensor, got compression {_compression_name(message.compression)}")
+    validate(message, max_bytes=max_bytes, expect_dtype=DType.DTYPE_UINT8, expect_shape=expect_shape)
+    offsets = np.cumsum([0, *message.packet_sizes]).tolist()
+    return [message.data[start:end] for start, end in itertools.pairwise(offsets)]
 
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
@@ -193,17 +270,21 @@ def validate(
     ):
         wanted = ["*" if dim is None else dim for dim in expect_shape]
         raise WireError(f"tensor shape {shape} does not match expected {wanted}")
-    expected_bytes = math.prod(shape) * info.itemsize
+    expected_bytes = data_bytes(message.dtype, math.prod(shape))
     if expected_bytes > max_bytes:
         raise WireError(f"tensor of shape {shape} needs {expected_bytes} bytes, over the limit of {max_bytes}")
     _check_row_scale(message, shape)
+    if message.packet_sizes and message.compression != Compression.COMPRESSION_H264:
+        raise WireError("packet_sizes is set on a tensor that is not H.264 video")
     if message.compression == Compression.COMPRESSION_ZSTD:
         _check_zstd_header(message.data, expected_bytes)
+    elif message.compression == Compression.COMPRESSION_H264:
+        _check_video(message, shape)
     elif message.compression != Compression.COMPRESSION_NONE:
-        raise WireError(f"unknown tensor compression {message.compression}; expected NONE or ZSTD")
+        raise WireError(f"unknown tensor compression {message.compression}; expected NONE, ZSTD or H264")
     elif len(message.data) != expected_bytes:
         raise WireError(
-            f"tensor data is {len(message.data)} bytes but shape {shape} x {info.itemsize} bytes "
+            f"tensor data is {len(message.data)} bytes but shape {shape} x {info.bits} bits "
             f"({DType.Name(message.dtype)}) needs {expected_bytes}"
         )
     if message.dtype == DType.DTYPE_BOOL and message.compression == Compression.COMPRESSION_NONE:
@@ -214,11 +295,30 @@ def _check_row_scale(message: Tensor, shape: list[int]) -> None:
     if not message.row_scale:
         return
     if message.dtype not in _QUANTIZED_LIMIT:
-        raise WireError(f"row_scale is set on a {DType.Name(message.dtype)} tensor; only INT8 and FLOAT8 take it")
+        raise WireError(f"row_scale is set on a {DType.Name(message.dtype)} tensor; only INT8, INT4 and FLOAT8 take it")
     if not shape or len(message.row_scale) != shape[0]:
         raise WireError(f"row_scale has {len(message.row_scale)} entries for shape {shape}; expected one per row")
     if not all(math.isfinite(s) and s >= 0 for s in message.row_scale):
         raise WireError("row_scale holds a negative, NaN or Inf scale")
+
+
+def _compression_name(compression: int) -> str:
+    return Compression.Name(compression) if compression in Compression.values() else str(compression)
+
+
+def _check_video(message: Tensor, shape: list[int]) -> None:
+    """An H.264 batch: uint8 [N, H, W], one non-empty packet per row of bounded size, adding up to the data."""
+    if message.dtype != DType.DTYPE_UINT8 or len(shape) != 3:
+        raise WireError(f"H.264 video must be uint8 [N, H, W], got {DType.Name(message.dtype)} {shape}")
+    if len(message.packet_sizes) != shape[0]:
+        raise WireError(f"H.264 video has {len(message.packet_sizes)} packet sizes for {shape[0]} rows")
+    limit = 2 * shape[1] * shape[2] + _VIDEO_PACKET_SLACK_BYTES
+    if any(not 0 < size <= limit for size in message.packet_sizes):
+        raise WireError(f"H.264 packet sizes must be in [1, {limit}] bytes for {shape[1]}x{shape[2]} frames")
+    if sum(message.packet_sizes) != len(message.data):
+        raise WireError(
+            f"H.264 packet sizes add up to {sum(message.packet_sizes)} bytes but data holds {len(message.data)}"
+        )
 
 
 def _check_zstd_header(data: bytes, expected_bytes: int) -> None:
@@ -240,6 +340,8 @@ def _elements(message: Tensor, expected_bytes: int) -> bytes:
     """The element bytes of a validated message, decompressed; exactly `expected_bytes` long."""
     if message.compression == Compression.COMPRESSION_NONE:
         return message.data
+    if message.compression == Compression.COMPRESSION_H264:
+        raise WireError("an H.264 video tensor decodes only in its stream's video decoder (splitrl.core.video)")
     try:
         # max_output_size bounds the allocation when the frame does not record its size.
         data = zstandard.ZstdDecompressor().decompress(message.data, max_output_size=max(expected_bytes, 1))
@@ -266,7 +368,9 @@ def decode(
     validate(message, max_bytes=max_bytes, expect_dtype=expect_dtype, expect_shape=expect_shape)
     info = _DTYPES[message.dtype]
     shape = tuple(message.shape)
-    data = _elements(message, math.prod(shape) * info.itemsize)
+    data = _elements(message, data_bytes(message.dtype, math.prod(shape)))
+    if message.dtype == DType.DTYPE_INT4:
+        return _unpack_int4(data, math.prod(shape)).reshape(shape)
     if not data:
         return torch.empty(shape, dtype=info.torch_dtype)
     # bytearray makes the one copy that gives torch a writable buffer it owns.
@@ -286,12 +390,14 @@ def decode_float(
     not a float encoding (e.g. int8 without row_scale) or that holds NaN or Inf.
     """
     _info(message.dtype)  # an unknown dtype is reported as such
-    # int8 is a float encoding only with its scales (an empty batch has none to carry).
-    scaled_int8 = message.dtype == DType.DTYPE_INT8 and (bool(message.row_scale) or message.shape[:1] == [0])
-    if message.dtype not in _FLOAT_DTYPES and not scaled_int8:
+    # int8 and int4 are float encodings only with their scales (an empty batch has none to carry).
+    scaled_int = message.dtype in (DType.DTYPE_INT8, DType.DTYPE_INT4) and (
+        bool(message.row_scale) or message.shape[:1] == [0]
+    )
+    if message.dtype not in _FLOAT_DTYPES and not scaled_int:
         raise WireError(
             f"tensor dtype {DType.Name(message.dtype)} is not a float encoding "
-            "(bf16, fp16, fp32, or int8/fp8 with row_scale)"
+            "(bf16, fp16, fp32, or int8/int4/fp8 with row_scale)"
         )
     values = decode(message, max_bytes=max_bytes, expect_shape=expect_shape).float()
     if message.row_scale:

@@ -2,12 +2,13 @@
 
 For every vector step it updates the env's frame stacks and forwards what the
 mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
-the newest uint8 frame / the bf16 stack (cloud).
+the newest uint8 frame, an H.264 packet per env, or the bf16 stack (cloud).
 Activations use the configured float codec (bf16, int8, fp8, optionally +zstd). Actions come back the same way.
 
 If the Act stream to inference breaks, the environment's step is held and sent
 again on a new Act stream (new run id, jittered exponential backoff): inference
-never stitches steps from before and after the gap into one trajectory.
+never stitches steps from before and after the gap into one trajectory. Video
+encoders belong to one Act stream, so a new stream starts from keyframes.
 
 In split modes it also keeps each step's frame stack by step id and dials the
 learner (`learner_link`), which trains the encoder through it. All encoder work
@@ -35,6 +36,7 @@ from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
+from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
@@ -118,9 +120,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
                 encode_started = time.perf_counter()
-                request = await self._act_request(stream, step)
-                self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
-                response = await self._act(upstream, request, backoff)
+                request, frames = await self._act_request(stream, step)
+                if self.codec != "video":  # video is encoded per Act stream, in _act, and timed there
+                    self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
+                response = await self._act(upstream, request, frames, backoff)
                 reply = rollout_pb2.EnvAction(
                     sequence=step.sequence, actions=response.actions, policy_version=response.policy_version
                 )
@@ -132,16 +135,19 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             upstream.close()
 
     async def _act(
-        self, upstream: _ActStream, request: rollout_pb2.ActRequest, backoff: Backoff
+        self, upstream: _ActStream, request: rollout_pb2.ActRequest, frames: torch.Tensor, backoff: Backoff
     ) -> rollout_pb2.ActResponse:
         """Send `request` to inference and return its answer, reopening the Act stream as often as it breaks.
 
         The environment's step is held meanwhile and sent again, as sequence 0 of a stream with a new run id:
         inference starts fresh trajectories for it. A refusal (rpc.REFUSAL_CODES) is passed on as it is.
+        In video mode `frames` are encoded here, by the encoders of the Act stream that carries them.
         """
         while True:
             call = upstream.call or self._open(upstream)
             request.sequence = upstream.sequence
+            if upstream.video is not None:
+                await self._encode_video(upstream.video, request, frames)
             try:
                 response = await self._exchange(call, request, upstream)
                 backoff.reset()  # inference answered: this stream works
@@ -173,6 +179,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         )
         upstream.call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
         upstream.sequence = 0
+        if self.codec == "video":  # fresh encoders: the new stream's first packets are keyframes
+            upstream.video = VideoStreamEncoder(self.settings.frame_size, self.settings)
         log.info("env run %s: Act stream to inference open as run %s", upstream.env_run_id, upstream.run_id)
         return upstream.call
 
@@ -191,13 +199,28 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         upstream.sequence += 1
         return response
 
-    async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> rollout_pb2.ActRequest:
+    async def _encode_video(
+        self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
+    ) -> None:
+        """On the compute thread: `frames` as one H.264 packet per env into `request`; records PSNR and time."""
+        started = time.perf_counter()
+        message, psnr = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        request.observations.CopyFrom(message)
+        self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - started)
+        if psnr is not None:
+            self.metrics.video_psnr.observe(psnr)
+
+    async def _act_request(
+        self, stream: _EnvStream, step: rollout_pb2.EnvStep
+    ) -> tuple[rollout_pb2.ActRequest, torch.Tensor]:
+        """The ActRequest for `step`, and its frames uint8 [N, S, S]; video observations are left to _act."""
         frames, episode_start = stream.accept(step)
         step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
         encoder_version = 0
+        observations: wire.Tensor | None = None
         if self.codec == "frame":
             observations = wire.encode(frames, compress=self.settings.codec == "frame+zstd")
-        else:
+        elif self.codec != "video":
             stacks = stream.stacker.push(frames, episode_start)
             if self.codec == "stack-bf16":
                 observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
@@ -206,7 +229,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 observations, encoder_version = await loop.run_in_executor(
                     self._compute, self._encode, step_ids, stacks
                 )
-        return rollout_pb2.ActRequest(
+        request = rollout_pb2.ActRequest(
             sequence=step.sequence,
             observations=observations,
             rewards=step.rewards,
@@ -215,6 +238,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             step_ids=step_ids,
             encoder_version=encoder_version,
         )
+        return request, frames
 
     def _encode(self, step_ids: list[int], stacks: torch.Tensor) -> tuple[wire.Tensor, int]:
         """On the compute thread: remember the stacks for training, return (encoded activations, encoder version)."""
@@ -232,6 +256,7 @@ class _ActStream:
         self.env_run_id = env_run_id
         self.run_id = ""
         self.call: grpc.aio.StreamStreamCall | None = None
+        self.video: VideoStreamEncoder | None = None  # cloud h264: this call's encoders, one per env
         self.sequence = 0  # of the next ActRequest on `call`
         self.opened = 0  # Act streams opened so far for this environment stream
 

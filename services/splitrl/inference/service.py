@@ -1,7 +1,8 @@
 """Inference service: serves edge streams, batches them, acts, and records trajectories.
 
 Per stream it validates each ActRequest against the configured mode, turns it
-into policy input (stacking frames itself for the `frame` codec), submits it
+into policy input (decoding video per env, and stacking frames itself for the
+`frame` and `video` codecs), submits it
 to the shared Batcher, answers with actions, and feeds the TrajectoryCutter
 whose chunks go to replay through the ReplayWriter.
 """
@@ -25,6 +26,7 @@ from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ModelConfig
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.core.video import VideoStreamDecoder
 from splitrl.inference.batcher import Batcher
 from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.replay_writer import ReplayWriter
@@ -116,7 +118,12 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                         f"the stream announced {codec!r}"
                     )
                 self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.codec))
-                observations = stream.policy_input(request)
+                try:
+                    observations = stream.policy_input(request)
+                except wire.WireError:
+                    if self.codec == "video":  # the stream ends, and its decoders with it
+                        self.metrics.video_decode_errors.inc()
+                    raise
                 decisions = await self.batcher.submit(observations)
                 response = rollout_pb2.ActResponse(
                     sequence=request.sequence,
@@ -164,6 +171,7 @@ class _EdgeStream:
         self.next_sequence = 0
         self.cutter = TrajectoryCutter(settings.unroll_length)
         self.stacker: FrameStacker | None = None
+        self.video = VideoStreamDecoder(settings.frame_size) if codec == "video" else None
 
     def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
         """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
@@ -171,6 +179,8 @@ class _EdgeStream:
         dtype, shape = codecs.expected_observation(self.codec, self.num_envs, s.frame_stack, s.frame_size, s.width)
         if dtype is None:  # activations, in any float codec; NaN / Inf refused
             observations = wire.decode_float(request.observations, expect_shape=shape).to(torch.bfloat16)
+        elif self.video is not None:
+            observations = self.video.decode(request.observations, num_envs=self.num_envs)
         else:
             observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
         n = observations.shape[0]
@@ -188,7 +198,7 @@ class _EdgeStream:
         first = self.num_envs is None
         self.num_envs = n
         self.next_sequence += 1
-        if self.codec == "frame":
+        if self.codec in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
             starts = (

@@ -13,7 +13,9 @@ class InferenceSettings(ServerSettings, EnvSettings, RedialSettings):
     replay_table: str = Field("rollouts", description="Replay table trajectories are inserted into.")
     mode: Mode = Field("split", description="Training mode; decides which streams inference accepts.")
     codec: ObservationCodec = Field(
-        "frame", description="Cloud mode only: the observation codec edges use (frame and frame+zstd both work)."
+        "frame",
+        description="Cloud mode only: the observation codec edges use (frame and frame+zstd both work; h264 "
+        "streams are decoded per env).",
     )
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")
     max_wait_ms: float = Field(

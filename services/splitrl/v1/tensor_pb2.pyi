@@ -18,11 +18,13 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT16: _ClassVar[DType]
     DTYPE_BOOL: _ClassVar[DType]
     DTYPE_FLOAT8_E4M3FN: _ClassVar[DType]
+    DTYPE_INT4: _ClassVar[DType]
 
 class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     COMPRESSION_NONE: _ClassVar[Compression]
     COMPRESSION_ZSTD: _ClassVar[Compression]
+    COMPRESSION_H264: _ClassVar[Compression]
 DTYPE_UNSPECIFIED: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT32: DType
@@ -32,19 +34,23 @@ DTYPE_INT64: DType
 DTYPE_FLOAT16: DType
 DTYPE_BOOL: DType
 DTYPE_FLOAT8_E4M3FN: DType
+DTYPE_INT4: DType
 COMPRESSION_NONE: Compression
 COMPRESSION_ZSTD: Compression
+COMPRESSION_H264: Compression
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data", "compression", "row_scale")
+    __slots__ = ("dtype", "shape", "data", "compression", "row_scale", "packet_sizes")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     ROW_SCALE_FIELD_NUMBER: _ClassVar[int]
+    PACKET_SIZES_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     compression: Compression
     row_scale: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scale: _Optional[_Iterable[float]] = ...) -> None: ...
+    packet_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scale: _Optional[_Iterable[float]] = ..., packet_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
