@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from splitrl.bench.network import Config, matrix
-from splitrl.bench.report import FIGURES, markdown, write_report
-from splitrl.bench.results import BASELINE, find_runs, group_rows, load_run, row_name
+from splitrl.bench.report import FIGURES, markdown, pareto_front, write_report
+from splitrl.bench.results import best_cloud, find_runs, group_rows, load_run, row_name
 from splitrl.bench.settings import NetworkBenchSettings
 from splitrl.cli.main import main
 
@@ -59,6 +59,12 @@ def study(tmp_path: Path) -> Path:
     _write(
         tmp_path / "runs" / "baseline", _summary({**base, "mode": "cloud", "codec": "frame+zstd"}, 13_540_000, 0, 0.9)
     )
+    # The reference (lossless) and two video rows: crf 28 is cheapest but learns worse than 10% below the reference,
+    # so the baseline is crf 23.
+    _write(tmp_path / "runs" / "frame", _summary({**base, "mode": "cloud", "codec": "frame"}, 92_410_000, 0, 0.9))
+    video = {**base, "mode": "cloud", "codec": "h264"}
+    _write(tmp_path / "runs" / "crf23", _summary({**video, "video_crf": 23}, 2_000_000, 0, 0.85))
+    _write(tmp_path / "runs" / "crf28", _summary({**video, "video_crf": 28}, 1_250_000, 0, 0.5))
     acc = {
         **base,
         "mode": "split-accumulate",
@@ -76,6 +82,7 @@ def test_row_names_say_what_crossed_the_wan():
     split = {"mode": "split", "activation_codec": "fp8", "gradient_codec": "fp8", "width": 256}
     assert row_name(split)[0] == "split fp8 w256"
     assert row_name({**split, "gradient_codec": "bf16"})[0] == "split fp8 w256 grad bf16"
+    assert row_name({"mode": "cloud", "codec": "h264", "video_crf": 18})[0] == "cloud h264 crf18"
 
 
 def test_runs_give_per_step_bytes_numbers_and_the_final_return(study):
@@ -89,17 +96,44 @@ def test_runs_give_per_step_bytes_numbers_and_the_final_return(study):
 
 def test_seeds_of_one_configuration_form_one_row(study):
     rows = group_rows([load_run(d) for d in find_runs([study])])
-    assert [row.name for row in rows] == ["split-accumulate int8+zstd w256", BASELINE]
+    assert [row.name for row in rows] == [
+        "split-accumulate int8+zstd w256",
+        "cloud frame+zstd",
+        "cloud h264 crf23",
+        "cloud h264 crf28",
+        "cloud frame",
+    ]
     accumulate = rows[0]
     assert accumulate.wan_bytes_per_step == pytest.approx((300 + 340) / 2)
     assert accumulate.returns == pytest.approx([0.8, 0.6])
 
 
-def test_markdown_compares_with_the_baseline_and_the_research(study):
+def test_the_baseline_is_the_cheapest_cloud_row_at_matched_return(study):
+    rows = group_rows([load_run(d) for d in find_runs([study])])
+    baseline, why = best_cloud(rows)
+    assert baseline is not None and baseline.name == "cloud h264 crf23"  # crf28 is cheaper but ends at +0.5
+    assert "+0.81" in why and "cloud frame" in why
+    assert best_cloud(rows, tolerance=0.5)[0].name == "cloud h264 crf28"  # type: ignore[union-attr]
+    without_reference = [row for row in rows if row.name != "cloud frame"]
+    cheapest, why = best_cloud(without_reference)
+    assert cheapest is not None and cheapest.name == "cloud h264 crf28" and "returns not matched" in why
+    assert best_cloud([row for row in rows if not row.is_cloud]) == (None, "no cloud row was run")
+
+
+def test_markdown_compares_with_the_best_cloud_codec_and_the_research(study):
     text = markdown(group_rows([load_run(d) for d in find_runs([study])]))
-    assert "| cloud frame+zstd | 10,000 |" in text and "| 1,354 | 0 | 1,354 | 1x |" in text
-    assert "| 320 | 0.236x | +0.70 (+0.60..+0.80, 2 seeds) |" in text
+    assert "Baseline: **cloud h264 crf23**" in text and "| vs `cloud h264 crf23` |" in text
+    assert "| cloud frame+zstd | 10,000 |" in text and "| 1,354 | 0 | 0% | 1,354 | 6.77x |" in text
+    assert "| 200 | 0 | 0% | 200 | 1x | +0.85 |" in text
+    # split-accumulate: 210 B rollout + 110 B training per step (means over two seeds): share 52%
+    assert "| 210 | 110 | 52% | 320 | 1.6x | +0.70 (+0.60..+0.80, 2 seeds) |" in text
     assert "| cloud stack-bf16 | 73,728 + 0 |  | not run |" in text
+
+
+def test_pareto_front_keeps_rows_nothing_beats_on_both_bytes_and_return(study):
+    rows = group_rows([load_run(d) for d in find_runs([study])])
+    front = [row.name for row in pareto_front(rows)]
+    assert front == ["cloud h264 crf28", "cloud h264 crf23", "cloud frame+zstd"]
 
 
 def test_report_writes_table_csv_and_figures(study, tmp_path):
@@ -109,7 +143,7 @@ def test_report_writes_table_csv_and_figures(study, tmp_path):
         assert (tmp_path / "report" / name).read_bytes().startswith(b"\x89PNG")
     with (tmp_path / "report" / "runs.csv").open() as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 3
+    assert len(rows) == 6
     assert {row["seed"] for row in rows} == {"0", "1"}
     assert rows[0]["bytes:env-encoder/rollout"] == "92000000"
 
@@ -136,6 +170,9 @@ def test_matrix_is_cloud_codecs_then_split_modes_x_codecs_x_widths():
     )
     configs = matrix(settings)
     assert configs[0] == Config("cloud", "frame+zstd", 4096, "-")
+    video = matrix(settings.model_copy(update={"observation_codecs": ["h264"], "video_crfs": [18, 28]}))
+    assert [(c.codec, c.video_crf) for c in video[:2]] == [("h264", 18), ("h264", 28)]
+    assert video[0].up_flags()["video_crf"] == 18 and "crf18" in video[0].slug
     assert [(c.codec, c.width, c.gradient_codec) for c in configs[1:]] == [
         ("bf16", 4096, "int8"),
         ("bf16", 256, "int8"),
@@ -150,7 +187,8 @@ def test_matrix_is_cloud_codecs_then_split_modes_x_codecs_x_widths():
     [
         ({"widths": ""}, "at least one entry"),
         ({"widths": "0"}, "widths must be >= 1"),
-        ({"activation_codecs": "int4"}, "Input should be"),
+        ({"activation_codecs": "int2"}, "Input should be"),
+        ({"video_crfs": "52"}, "video CRFs must be in"),
     ],
 )
 def test_bad_bench_settings_are_refused(values, error):
