@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from splitrl.core import rpc, scrape, wire
 from splitrl.core.service import ServiceHost
+from splitrl.core.video import VideoSettings, VideoStreamEncoder
 from splitrl.edge_encoder.service import EdgeEncoderService
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.inference.service import InferenceService
@@ -72,13 +73,18 @@ FLOATS = st.floats(width=32, allow_nan=True, allow_infinity=True)
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def hosts():
-    """Replay, split inference (width 256, 36x36 frames), its edge-encoder, and a split learner's Train service."""
+    """Replay, split inference (width 256, 36x36 frames), its edge-encoder, a split learner's Train service, and
+    a cloud inference that takes H.264 video ("video")."""
     shared: dict[str, Any] = {"env": FAST_ENV, "width": WIDTH, "frame_size": FRAME_SIZE, "tls": "plaintext"}
     started: dict[str, ServiceHost] = {}
     try:
         started["replay"] = await start(ReplayService, ReplaySettings(tls="plaintext"))
         started["inference"] = await start(
             InferenceService, InferenceSettings(**shared, mode="split", replay_address=address(started["replay"]))
+        )
+        started["video"] = await start(
+            InferenceService,
+            InferenceSettings(**shared, mode="cloud", codec="h264", replay_address=address(started["replay"])),
         )
         started["edge"] = await start(
             EdgeEncoderService,
@@ -93,7 +99,7 @@ async def hosts():
         )
         yield started
     finally:
-        for name in ("learner", "edge", "inference", "replay"):
+        for name in ("learner", "edge", "video", "inference", "replay"):
             if name in started:
                 await started[name].stop()
 
@@ -150,6 +156,38 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
     elif breakage == "row_scale":
         message.row_scale[:] = draw(st.lists(FLOATS, max_size=4))
     return message
+
+
+@st.composite
+def video_batches(draw: st.DrawFn) -> tuple[int, tensor_pb2.Tensor]:
+    """(envs, an H.264 batch): real packets of noise or flat frames, possibly from a stream whose start (the
+    keyframe) was lost, at another resolution, or with one thing broken."""
+    n = draw(st.integers(1, 3))
+    size = draw(st.sampled_from([FRAME_SIZE, FRAME_SIZE, 48]))
+    generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    frames = torch.randint(0, 256, (n, size, size), dtype=torch.uint8, generator=generator)
+    if draw(st.booleans()):
+        frames[:] = frames[:, :1, :1]  # flat frames: tiny packets
+    crf = draw(st.sampled_from([0, 23, 51]))
+    encoder = VideoStreamEncoder(size, VideoSettings(video_crf=crf), measure_psnr=False)
+    for _ in range(draw(st.integers(0, 2))):  # earlier packets of this stream that inference never sees
+        encoder.encode(frames)
+    message, _ = encoder.encode(frames)
+    breakage = draw(st.sampled_from(["none", "none", "truncate", "flip", "sizes", "garbage", "oversize"]))
+    if breakage == "truncate":
+        message.data = message.data[: draw(st.integers(0, max(len(message.data) - 1, 0)))]
+    elif breakage == "flip" and message.data:
+        data = bytearray(message.data)
+        data[draw(st.integers(0, len(data) - 1))] ^= 1 << draw(st.integers(0, 7))
+        message.data = bytes(data)
+    elif breakage == "sizes":
+        message.packet_sizes[:] = draw(st.lists(st.integers(0, 2**32 - 1), max_size=4))
+    elif breakage == "garbage":
+        message.data = draw(st.binary(min_size=1, max_size=300))
+        message.packet_sizes[:] = [len(message.data)] + [0] * (n - 1)
+    elif breakage == "oversize":
+        message.packet_sizes[0] = 2**31
+    return n, message
 
 
 def tensors(dims: tuple[int, ...], dtype: str = "float") -> st.SearchStrategy[tensor_pb2.Tensor]:
@@ -280,6 +318,12 @@ async def still_serves(channels: dict[str, grpc.aio.Channel], name: str) -> None
         )
         answers = [wire.decode(response.actions).shape async for response in call]
         assert answers == [(2,)]
+    elif name == "video":  # a new stream from a fresh encoder decodes, whatever the last one sent
+        call = rollout_pb2_grpc.InferenceStub(channels[name]).Act(
+            iter([video_step(2)]), metadata=VIDEO, timeout=CALL_TIMEOUT_S
+        )
+        answers = [wire.decode(response.actions).shape async for response in call]
+        assert answers == [(2,)]
     elif name == "edge":
         frames = wire.encode(torch.zeros(1, FRAME_SIZE, FRAME_SIZE, dtype=torch.uint8))
         step = rollout_pb2.EnvStep(frames=frames, rewards=[0.0], terminated=[False], truncated=[False])
@@ -292,6 +336,19 @@ async def still_serves(channels: dict[str, grpc.aio.Channel], name: str) -> None
             iter([training_pb2.EdgeMessage(hello=hello)]), timeout=CALL_TIMEOUT_S
         )
         assert await outcome(call) == (grpc.StatusCode.OK, "")
+
+
+VIDEO = (("splitrl-codec", "video"),)
+
+
+def video_step(n: int, observations: tensor_pb2.Tensor | None = None) -> rollout_pb2.ActRequest:
+    """One step of a video stream: by default n envs' first frames, each a keyframe of a fresh encoder."""
+    if observations is None:
+        frames = torch.zeros(n, FRAME_SIZE, FRAME_SIZE, dtype=torch.uint8)
+        observations, _ = VideoStreamEncoder(FRAME_SIZE, VideoSettings(), measure_psnr=False).encode(frames)
+    return rollout_pb2.ActRequest(
+        observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, step_ids=range(n)
+    )
 
 
 #: What grpc.aio's client reports when it writes a message just as the server ends the call: the server's own
@@ -329,6 +386,24 @@ async def test_fuzzed_act_streams(hosts, channels, messages, codec):
     await fuzz_once(
         hosts, channels, "inference", lambda: stub.Act(iter(messages), metadata=metadata, timeout=CALL_TIMEOUT_S)
     )
+
+
+@FUZZ
+@given(batches=stream_of(video_batches()))
+async def test_fuzzed_video_streams(hosts, channels, batches):
+    """Malformed, truncated, oversize or keyframe-less H.264 is refused (INVALID_ARGUMENT, counted) and the
+    inference that decodes video keeps serving new streams."""
+    messages = [video_step(n, message) for n, message in batches]
+    for sequence, message in enumerate(messages):
+        message.sequence = sequence
+    stub = rollout_pb2_grpc.InferenceStub(channels["video"])
+    await fuzz_once(hosts, channels, "video", lambda: stub.Act(iter(messages), metadata=VIDEO, timeout=CALL_TIMEOUT_S))
+
+
+async def test_video_decode_errors_were_counted(hosts):
+    """After the video fuzz: the refusals of undecodable batches were counted as such."""
+    errors = scrape.total([scrape.fetch(hosts["video"].metrics_port)], "splitrl_video_decode_errors_total")
+    assert errors > 0
 
 
 @FUZZ
