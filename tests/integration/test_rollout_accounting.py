@@ -78,7 +78,7 @@ def test_wan_bytes_per_step_match_the_codec(finished_run):
 
 
 def test_video_is_smaller_than_zstd_and_its_quality_is_exported(finished_run):
-    mode, codec, texts = finished_run
+    _, codec, texts = finished_run
     if codec != "h264":
         pytest.skip("video rows only")
     sent = scrape.link_counts(texts.values())["encoder-inference"]["rollout"]["observation"]["sent"]

@@ -91,7 +91,7 @@ def test_a_stream_decodes_from_its_first_message_and_not_from_the_middle():
     old = video.VideoStreamEncoder(SIZE, video.VideoSettings(), measure_psnr=False)
     for step in range(5):
         old.encode(frames[step])
-    with pytest.raises(wire.WireError, match="does not decode|decoded to 0 frames"):
+    with pytest.raises(wire.WireError, match=r"does not decode|decoded to 0 frames"):
         video.VideoStreamDecoder(SIZE).decode(old.encode(frames[5])[0])
     reopened = video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=0), measure_psnr=False)
     assert torch.equal(video.VideoStreamDecoder(SIZE).decode(reopened.encode(frames[5])[0]), frames[5])
@@ -132,7 +132,7 @@ def test_plain_decode_refuses_video_and_video_needs_uint8_frames():
         wire.video_packets(message)
     with pytest.raises(wire.WireError, match="must be uint8"):
         wire.validate(message)
-    with pytest.raises(wire.WireError, match="expected an H.264 video tensor"):
+    with pytest.raises(wire.WireError, match=r"expected an H\.264 video tensor"):
         wire.video_packets(wire.encode(torch.zeros(1, SIZE, SIZE, dtype=torch.uint8)))
     with pytest.raises(wire.WireError, match="packet_sizes is set"):
         frame = wire.encode(torch.zeros(1, SIZE, SIZE, dtype=torch.uint8))
