@@ -37,7 +37,7 @@ def test_bench_writes_the_table_and_resumes(tmp_path):
     assert int(runs["split-accumulate int8+zstd w64"]["wan_bytes_training"]) > 0  # gradients went down
     report = (tmp_path / "report.md").read_text()
     assert "| split-accumulate int8+zstd w64 | 256 |" in report
-    for figure in ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png"):
+    for figure in ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png", "pareto.png"):
         assert (tmp_path / figure).stat().st_size > 10_000
 
     again = bench(tmp_path)

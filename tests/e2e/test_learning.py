@@ -8,6 +8,9 @@ onsets shift by a few thousand steps from run to run):
   split             leaves it at ~17-20k; +0.9 and +0.95 at 30k / 36k;
   split-accumulate  leaves it at ~30-33k (its encoder sees a quarter of the rows, through
                     stale activations); +0.45 and +0.85 at 56k in two runs.
+And the narrow, cheap codecs of the bytes frontier:
+  cloud --codec h264 (crf 23)                         +0.89 over the last 4k of 36k steps;
+  split-accumulate --width 32, int4 both ways         MEASURED_W32.
 Each test runs past that onset: the first WINDOW_STEPS env steps must score near
 random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
 what was measured).
@@ -28,16 +31,26 @@ pytestmark = pytest.mark.e2e
 RANDOM_RETURN = -0.67
 THRESHOLD = 0.0
 WINDOW_STEPS = 4000
-STEPS = {"cloud": 36_000, "split": 36_000, "split-accumulate": 56_000}
+#: name -> (env steps, flags besides the shared ones)
+RUNS: dict[str, tuple[int, list[str]]] = {
+    "cloud": (36_000, ["--mode", "cloud", "--width", "256"]),
+    "split": (36_000, ["--mode", "split", "--width", "256"]),
+    "split-accumulate": (56_000, ["--mode", "split-accumulate", "--width", "256"]),
+    "cloud-h264": (36_000, ["--mode", "cloud", "--codec", "h264", "--width", "256"]),
+    "split-accumulate-w32-int4": (
+        56_000,
+        ["--mode", "split-accumulate", "--width", "32", "--activation-codec", "int4", "--gradient-codec", "int4"],
+    ),
+}
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("mode", list(STEPS))
-def test_mode_learns_catch(tmp_path, mode):
-    steps = STEPS[mode]
-    run_dir = tmp_path / mode
-    command = [sys.executable, "-m", "splitrl.cli.main", "up", "--mode", mode, "--env", "splitrl/Catch-v0"]
-    command += ["--steps", str(steps), "--frame-size", "36", "--width", "256", "--seed", "0"]
+@pytest.mark.parametrize("name", list(RUNS))
+def test_mode_learns_catch(tmp_path, name):
+    steps, flags = RUNS[name]
+    run_dir = tmp_path / name
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", *flags, "--env", "splitrl/Catch-v0"]
+    command += ["--steps", str(steps), "--frame-size", "36", "--seed", "0"]
     command += ["--run-dir", str(run_dir)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -45,6 +58,6 @@ def test_mode_learns_catch(tmp_path, mode):
     first, first_episodes = mean_return_between(summary["curve"], 0, WINDOW_STEPS)
     last, last_episodes = mean_return_between(summary["curve"], steps - WINDOW_STEPS, steps)
     assert min(first_episodes, last_episodes) >= 100, f"too few episodes: {first_episodes}, {last_episodes}"
-    assert first < RANDOM_RETURN + 0.25, f"{mode}: the first {WINDOW_STEPS} steps already score {first:+.2f}"
-    assert last >= THRESHOLD, f"{mode}: {first:+.2f} over the first {WINDOW_STEPS} steps, {last:+.2f} over the last"
+    assert first < RANDOM_RETURN + 0.25, f"{name}: the first {WINDOW_STEPS} steps already score {first:+.2f}"
+    assert last >= THRESHOLD, f"{name}: {first:+.2f} over the first {WINDOW_STEPS} steps, {last:+.2f} over the last"
     assert summary["learner_updates"] > 0

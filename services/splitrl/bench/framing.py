@@ -101,6 +101,9 @@ class FramingResult:
                 f"| | | {self.l2_l4_headers:,} | {share(self.l2_l4_headers)} |",
                 f"| HTTP/2 + gRPC framing (the rest) | | | {self.http2_grpc:,} | {share(self.http2_grpc)} |",
                 "",
+                f"Per env step: {self.counted / max(self.env_steps, 1):,.1f} B counted, "
+                f"{self.kernel / max(self.env_steps, 1):,.1f} B on the wire (kernel).",
+                "",
             ]
         )
 
@@ -221,7 +224,7 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     steps = scrape.total([(run_dir / "metrics" / "environment.prom").read_text()], "splitrl_env_steps_total")
     return FramingResult(
         mode=settings.mode,
-        codec=settings.codec if settings.mode == "cloud" else settings.activation_codec,
+        codec=_wan_codec(settings),
         env_steps=int(steps),
         seconds=seconds,
         uplink_kbit=settings.uplink_kbit,
@@ -232,6 +235,13 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
         packets_up=counters["tx_packets"],
         packets_down=counters["rx_packets"],
     )
+
+
+def _wan_codec(settings: FramingSettings) -> str:
+    """What crossed the WAN, as the network report names it (h264 with its CRF)."""
+    if settings.mode != "cloud":
+        return f"{settings.activation_codec} w{settings.width}"
+    return f"h264 crf{settings.video_crf}" if settings.codec == "h264" else settings.codec
 
 
 def run_framing_bench(settings: FramingSettings) -> int:
