@@ -169,10 +169,10 @@ def video_batches(draw: st.DrawFn) -> tuple[int, tensor_pb2.Tensor]:
     if draw(st.booleans()):
         frames[:] = frames[:, :1, :1]  # flat frames: tiny packets
     crf = draw(st.sampled_from([0, 23, 51]))
-    encoder = VideoStreamEncoder(size, VideoSettings(video_crf=crf), measure_psnr=False)
+    encoder = VideoStreamEncoder(size, VideoSettings(video_crf=crf))
     for _ in range(draw(st.integers(0, 2))):  # earlier packets of this stream that inference never sees
         encoder.encode(frames)
-    message, _ = encoder.encode(frames)
+    message = encoder.encode(frames)
     breakage = draw(st.sampled_from(["none", "none", "truncate", "flip", "sizes", "garbage", "oversize"]))
     if breakage == "truncate":
         message.data = message.data[: draw(st.integers(0, max(len(message.data) - 1, 0)))]
@@ -345,7 +345,7 @@ def video_step(n: int, observations: tensor_pb2.Tensor | None = None) -> rollout
     """One step of a video stream: by default n envs' first frames, each a keyframe of a fresh encoder."""
     if observations is None:
         frames = torch.zeros(n, FRAME_SIZE, FRAME_SIZE, dtype=torch.uint8)
-        observations, _ = VideoStreamEncoder(FRAME_SIZE, VideoSettings(), measure_psnr=False).encode(frames)
+        observations = VideoStreamEncoder(FRAME_SIZE, VideoSettings()).encode(frames)
     return rollout_pb2.ActRequest(
         observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, step_ids=range(n)
     )

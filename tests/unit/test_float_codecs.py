@@ -188,3 +188,12 @@ def test_fuzzed_floats_round_trip_with_bounded_error(rows, width, codec, scale, 
     row_max = values.abs().amax(dim=1, keepdim=True) if rows else values
     # Half a step of the coarsest codec (int4: 7 levels of the row's max), and e4m3's 2^-4 relative error.
     assert bool(((decoded - values).abs() <= row_max * 0.0715 + 1e-30).all())
+
+
+def test_int4_is_only_reached_through_encode_float_and_counts_its_elements_exactly():
+    from splitrl.core.metrics import tensor_elements
+
+    with pytest.raises(wire.WireError, match="encode_float"):
+        wire.encode(torch.ones(2, 3), DType.DTYPE_INT4)
+    for count in (1, 3, 4):  # an odd count leaves half a byte of padding, which is no element
+        assert tensor_elements(wire.encode_float(torch.ones(1, count), "int4")) == count

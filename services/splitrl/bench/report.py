@@ -17,15 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from splitrl.bench.results import (
-    PHASES,
-    RESEARCH_BYTES_PER_STEP,
-    RETURN_TOLERANCE,
-    Row,
-    RunResult,
-    best_cloud,
-    group_rows,
-)
+from splitrl.bench.results import PHASES, RESEARCH_BYTES_PER_STEP, Row, RunResult, best_cloud, group_rows
+from splitrl.bench.settings import RETURN_TOLERANCE
 from splitrl.cli.plots import curve_bins
 from splitrl.cli.progress import human_bytes
 
@@ -53,10 +46,9 @@ def write_report(
 
 
 def _return_text(row: Row) -> str:
-    returns = row.returns
-    if not returns:
+    returns, mean = row.returns, row.mean_return
+    if mean is None:
         return "no episodes"
-    mean = sum(returns) / len(returns)
     if len(returns) == 1:
         return f"{mean:+.2f}"
     return f"{mean:+.2f} ({min(returns):+.2f}..{max(returns):+.2f}, {len(returns)} seeds)"
@@ -75,18 +67,18 @@ def markdown(rows: list[Row], tolerance: float = RETURN_TOLERANCE) -> str:
         "",
         "WAN = the `encoder-inference` and `learner-encoder` links. Bytes are serialized protobuf bytes as sent;",
         "numbers are tensor elements (the research's unit). Per env step, mean over seeds. Final return: mean",
-        "return of the episodes that ended in the last 20% of each run's env steps. Training share: WAN training",
-        "bytes (activations up, gradients down) as a share of WAN rollout bytes.",
+        "return of the episodes that ended in the last 20% of each run's env steps. Training / rollout: WAN",
+        "training bytes (activations up, gradients down) per WAN rollout byte.",
         "",
         f"Baseline: **{'none' if baseline is None else baseline.name}**, the {chosen}.",
         "",
-        "| row | env steps | WAN numbers/step | rollout B/step | training B/step | training share "
+        "| row | env steps | WAN numbers/step | rollout B/step | training B/step | training / rollout "
         f"| total WAN B/step | {versus} | final return | env steps/s |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for row in rows:
         ratio = "" if baseline is None else f"{row.wan_bytes_per_step / baseline.wan_bytes_per_step:.3g}x"
-        share = "" if row.training_share is None else f"{row.training_share:.0%}"
+        share = "" if row.training_to_rollout is None else f"{row.training_to_rollout:.0%}"
         lines.append(
             f"| {row.name} | {row.env_steps:,} | {row.wan_numbers_per_step:,.0f} | {row.per_step('rollout'):,.0f} "
             f"| {row.per_step('training'):,.0f} | {share} | {row.wan_bytes_per_step:,.0f} | {ratio} "

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from splitrl.bench.settings import RETURN_TOLERANCE
 from splitrl.cli.plots import mean_return_between
 from splitrl.core import scrape
 from splitrl.core.metrics import WAN_LINKS
+from splitrl.core.video import VideoSettings
 
 PHASES = ("rollout", "training", "weights")
 #: The research's own figures per env step (DESIGN.md §1: CarRacing, 4x96x96 frames, width 4,096, bf16
@@ -28,8 +30,6 @@ RESEARCH_BYTES_PER_STEP: dict[str, dict[str, float]] = {
 #: The cloud row whose return every other cloud row must match to count as a baseline: one lossless frame per
 #: step, stacked in the cloud, so its learning is what any observation codec should reach.
 REFERENCE = "cloud frame"
-#: Default share of |reference return| a cloud row may fall short by and still be "at matched return".
-RETURN_TOLERANCE = 0.1
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def row_name(settings: dict[str, Any]) -> tuple[str, str, int, str]:
     if mode == "cloud":
         codec = settings.get("codec", "frame")
         if codec == "h264":
-            codec = f"h264 crf{settings.get('video_crf', 23)}"
+            codec = f"h264 crf{settings.get('video_crf', VideoSettings.model_fields['video_crf'].default)}"
         return f"cloud {codec}", codec, width, "-"
     codec = settings.get("activation_codec", "bf16")
     gradient = settings.get("gradient_codec", "bf16")
@@ -161,14 +161,18 @@ class Row:
         return statistics.fmean(returns) if returns else None
 
     @property
-    def training_share(self) -> float | None:
-        """WAN training bytes as a share of WAN rollout bytes (the gradient budget); None without rollout bytes."""
+    def training_to_rollout(self) -> float | None:
+        """WAN training bytes per WAN rollout byte (the gradient budget; may exceed 1); None without rollout."""
         rollout = self.per_step("rollout")
         return self.per_step("training") / rollout if rollout > 0 else None
 
     @property
     def is_cloud(self) -> bool:
-        return self.name.startswith("cloud ")
+        return self.runs[0].mode == "cloud"
+
+    @property
+    def env(self) -> str:
+        return self.runs[0].env
 
     @property
     def steps_per_second(self) -> float:
@@ -178,9 +182,10 @@ class Row:
 def best_cloud(rows: list[Row], tolerance: float = RETURN_TOLERANCE) -> tuple[Row | None, str]:
     """The baseline every row is compared with, and how it was chosen.
 
-    It is the cloud row with the fewest WAN bytes per step among those whose mean final return is at least
-    the REFERENCE row's minus `tolerance` x |reference return| (matched return). Without a REFERENCE row that
-    has episodes, it is the cheapest cloud row, and the reason says that returns were not matched.
+    It is the cloud row with the fewest WAN bytes per step among those of the REFERENCE row's env and run
+    length whose mean final return is at least the REFERENCE row's minus `tolerance` x |reference return|
+    (matched return). Without a REFERENCE row that has episodes, it is the cheapest cloud row, and the reason
+    says that returns were not matched.
     """
     cloud = [row for row in rows if row.is_cloud]
     if not cloud:
@@ -190,7 +195,8 @@ def best_cloud(rows: list[Row], tolerance: float = RETURN_TOLERANCE) -> tuple[Ro
         cheapest = min(cloud, key=lambda row: row.wan_bytes_per_step)
         return cheapest, f"cheapest cloud row; returns not matched (no `{REFERENCE}` row with episodes)"
     floor = reference.mean_return - tolerance * abs(reference.mean_return)
-    matched = [row for row in cloud if row.mean_return is not None and row.mean_return >= floor]
+    comparable = [row for row in cloud if (row.env, row.env_steps) == (reference.env, reference.env_steps)]
+    matched = [row for row in comparable if row.mean_return is not None and row.mean_return >= floor]
     best = min(matched, key=lambda row: row.wan_bytes_per_step)
     return best, (
         f"cheapest cloud row whose final return is >= {floor:+.3g} (`{REFERENCE}`'s {reference.mean_return:+.3g} "

@@ -10,6 +10,8 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
 
 T = TypeVar("T")
+#: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.
+RETURN_TOLERANCE = 0.1
 
 
 def _split_commas(value: Any) -> Any:
@@ -61,7 +63,7 @@ class NetworkBenchSettings(EnvSettings, Settings):
         0.2, gt=0, le=1, description="Final return: episodes ending in this last share of each run's steps."
     )
     return_tolerance: float = Field(
-        0.1,
+        RETURN_TOLERANCE,
         ge=0,
         lt=1,
         description="Baseline: the cheapest cloud row whose final return is within this share of `cloud frame`'s.",

@@ -113,6 +113,8 @@ def _benches() -> dict[str, tuple[Any, str]]:
 
 
 def _add_bench_and_report(commands: Any) -> None:
+    from splitrl.bench.settings import RETURN_TOLERANCE
+
     bench = commands.add_parser("bench", help="Benchmarks that print and save figures.")
     benches = bench.add_subparsers(dest="bench", required=True, metavar="BENCH")
     for name, (settings_cls, help_text) in _benches().items():
@@ -131,7 +133,7 @@ def _add_bench_and_report(commands: Any) -> None:
     report.add_argument(
         "--return-tolerance",
         type=float,
-        default=0.1,
+        default=RETURN_TOLERANCE,
         help="Baseline: the cheapest cloud row whose final return is within this share of `cloud frame`'s.",
     )
 

@@ -51,7 +51,10 @@ def tensor_elements(message: Message) -> int:
     if isinstance(message, tensor_pb2.Tensor):
         try:
             if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
-                return wire.elements_in(message.dtype, len(message.data))
+                held = wire.elements_in(message.dtype, len(message.data))
+                declared = math.prod(message.shape) if all(dim >= 0 for dim in message.shape) else -1
+                # An odd int4 count fills its last byte half: the shape says how many when it fits the data.
+                return declared if wire.data_bytes(message.dtype, declared) == len(message.data) else held
             most = wire.elements_in(message.dtype, wire.DEFAULT_MAX_TENSOR_BYTES)
         except wire.WireError:
             return 0
@@ -278,7 +281,8 @@ class Metrics:
         )
         self.video_decode_errors = Counter(
             "splitrl_video_decode_errors",
-            "H.264 batches inference refused (malformed, truncated or oversize packets); each ends its stream.",
+            "H.264 packets inference could not decode to one frame of the stream's size; each ends its stream "
+            "(also counted in splitrl_rejected_requests).",
             registry=registry,
         )
 

@@ -13,8 +13,11 @@ and its own decoder in inference, for the life of one Act stream:
   lossless setting (crf 0) gives the frame back bit for bit.
 
 Decoding untrusted bytes is an attack surface: any packet that FFmpeg refuses,
-or that does not give exactly one frame of the stream's size, raises WireError
-(INVALID_ARGUMENT); the caller drops the stream, and with it the decoders.
+or that does not give exactly one frame of the stream's size, raises
+VideoDecodeError (a WireError: INVALID_ARGUMENT); the caller drops the stream,
+and with it the decoders. FFmpeg itself refuses pictures larger than the
+stream's frames (`max_pixels`) before allocating them, and a stream holds at
+most `max_rows` decoders.
 """
 
 from __future__ import annotations
@@ -33,8 +36,16 @@ from splitrl.core.config import Settings
 
 #: x264 speed presets, fastest first; slower ones spend more edge CPU for fewer bytes.
 VideoPreset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"]
-#: PSNR recorded for a frame decoded without error (an infinite PSNR would poison a mean).
+#: PSNR recorded for a frame decoded identical to the original (an infinite PSNR would poison a mean).
 LOSSLESS_PSNR_DB = 100.0
+#: FFmpeg counts a picture's padded width against max_pixels: S x (S + this) admits an S x S frame.
+_PADDING_PIXELS = 64
+
+
+class VideoDecodeError(wire.WireError):
+    """An H.264 packet that does not decode to exactly one frame of its stream's size."""
+
+
 #: The frame rate written into the stream; it only scales timestamps (x264's rate control uses crf).
 _TIME_BASE = Fraction(1, 50)
 
@@ -51,6 +62,11 @@ class VideoSettings(Settings):
     )
     video_preset: VideoPreset = Field(
         "veryfast", description="x264 speed preset: slower presets spend more edge CPU for fewer bytes."
+    )
+    video_measure_psnr: bool = Field(
+        True,
+        description="Decode the edge's own packets to export the PSNR the cloud sees (splitrl_video_psnr_db); "
+        "costs the edge one decode per frame.",
     )
 
 
@@ -88,24 +104,24 @@ class FrameDecoder:
     def __init__(self, frame_size: int) -> None:
         self.frame_size = frame_size
         self._context = av.CodecContext.create("h264", "r")
-        self._context.options = {"threads": "1"}
+        self._context.options = {"threads": "1", "max_pixels": str(frame_size * (frame_size + _PADDING_PIXELS))}
 
     def decode(self, packet: bytes) -> np.ndarray:
         """One packet -> its frame, uint8 [S, S]."""
         try:
             pictures = self._context.decode(av.Packet(packet))
         except (av.FFmpegError, ValueError) as error:
-            raise wire.WireError(f"H.264 packet does not decode: {error}") from None
+            raise VideoDecodeError(f"H.264 packet does not decode: {error}") from None
         if len(pictures) != 1:
-            raise wire.WireError(f"H.264 packet decoded to {len(pictures)} frames, expected exactly 1")
+            raise VideoDecodeError(f"H.264 packet decoded to {len(pictures)} frames, expected exactly 1")
         picture = pictures[0]
         if (picture.width, picture.height) != (self.frame_size, self.frame_size):
-            raise wire.WireError(
+            raise VideoDecodeError(
                 f"H.264 frame is {picture.width}x{picture.height}, this stream's frames are "
                 f"{self.frame_size}x{self.frame_size}"
             )
         if picture.format.name not in ("gray", "yuv420p", "yuvj420p"):
-            raise wire.WireError(f"H.264 frame has pixel format {picture.format.name}, expected gray")
+            raise VideoDecodeError(f"H.264 frame has pixel format {picture.format.name}, expected gray")
         luma = picture.planes[0]
         rows = np.frombuffer(memoryview(luma), dtype=np.uint8).reshape(picture.height, luma.line_size)
         return rows[:, : picture.width].copy()
@@ -120,42 +136,55 @@ def psnr_db(original: np.ndarray, decoded: np.ndarray) -> float:
 class VideoStreamEncoder:
     """The edge side of one Act stream: an encoder per env, made when the first batch fixes the env count.
 
-    With `measure_psnr` it also decodes its own packets (a mirror of inference's decoders) and returns the
-    mean PSNR of each batch, which is what the cloud will see.
+    `mirror_psnr` decodes the packets again, as inference will, to measure the quality the cloud sees.
     """
 
-    def __init__(self, frame_size: int, settings: VideoSettings, *, measure_psnr: bool = True) -> None:
-        self.frame_size, self.settings, self.measure_psnr = frame_size, settings, measure_psnr
+    def __init__(self, frame_size: int, settings: VideoSettings) -> None:
+        self.frame_size, self.settings = frame_size, settings
         self._encoders: list[FrameEncoder] = []
         self._mirrors: list[FrameDecoder] = []
 
-    def encode(self, frames: torch.Tensor) -> tuple[wire.Tensor, float | None]:
-        """uint8 [N, S, S] -> (the batch as a COMPRESSION_H264 tensor, mean PSNR in dB or None)."""
+    def encode(self, frames: torch.Tensor) -> wire.Tensor:
+        """uint8 [N, S, S] -> the batch as a COMPRESSION_H264 tensor, one packet per env."""
         batch = frames.numpy()
         if not self._encoders:
             self._encoders = [FrameEncoder(self.frame_size, self.settings) for _ in range(len(batch))]
-            self._mirrors = [FrameDecoder(self.frame_size) for _ in range(len(batch))] if self.measure_psnr else []
         if len(batch) != len(self._encoders):
             raise ValueError(f"this video stream has {len(self._encoders)} envs, got a batch of {len(batch)}")
         packets = [encoder.encode(frame) for encoder, frame in zip(self._encoders, batch, strict=True)]
-        message = wire.encode_packets(packets, batch.shape)
+        return wire.encode_packets(packets, batch.shape)
+
+    def mirror_psnr(self, frames: torch.Tensor, message: wire.Tensor) -> float:
+        """Mean PSNR (dB) over the envs of `message`, the batch `encode` just made of `frames`, as decoded.
+
+        Call it for every batch or for none: the mirror decoders must see each packet of the stream.
+        """
         if not self._mirrors:
-            return message, None
+            self._mirrors = [FrameDecoder(self.frame_size) for _ in self._encoders]
+        packets = wire.video_packets(message)
         decoded = (mirror.decode(packet) for mirror, packet in zip(self._mirrors, packets, strict=True))
-        return message, float(np.mean([psnr_db(frame, seen) for frame, seen in zip(batch, decoded, strict=True)]))
+        return float(np.mean([psnr_db(frame, seen) for frame, seen in zip(frames.numpy(), decoded, strict=True)]))
 
 
 class VideoStreamDecoder:
-    """The inference side of one Act stream: a decoder per env; the env count is fixed by the first batch."""
+    """The inference side of one Act stream: a decoder per env; the env count is fixed by the first batch
+    and is at most `max_rows` (each decoder holds its reference frames for the life of the stream)."""
 
-    def __init__(self, frame_size: int) -> None:
-        self.frame_size = frame_size
+    def __init__(self, frame_size: int, max_rows: int) -> None:
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.frame_size, self.max_rows = frame_size, max_rows
         self._decoders: list[FrameDecoder] = []
 
-    def decode(self, message: wire.Tensor, *, num_envs: int | None = None) -> torch.Tensor:
-        """A COMPRESSION_H264 tensor -> uint8 [N, S, S]; WireError for anything malformed."""
+    def decode(self, message: wire.Tensor, *, expect_shape: list[int | None] | None = None) -> torch.Tensor:
+        """A COMPRESSION_H264 tensor -> uint8 [N, S, S]; WireError for anything malformed.
+
+        `expect_shape` (None entries match anything) defaults to [any, S, S].
+        """
         size = self.frame_size
-        packets = wire.video_packets(message, expect_shape=[num_envs, size, size])
+        packets = wire.video_packets(message, expect_shape=expect_shape or [None, size, size])
+        if len(packets) > self.max_rows:
+            raise wire.WireError(f"video batch has {len(packets)} rows; a stream may have at most {self.max_rows}")
         if not self._decoders:
             self._decoders = [FrameDecoder(size) for _ in packets]
         if len(packets) != len(self._decoders):

@@ -125,6 +125,8 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compre
     """
     tensor = _from_numpy(value) if isinstance(value, np.ndarray) else value
     tensor = tensor.detach().cpu()
+    if dtype == DType.DTYPE_INT4:
+        raise WireError("int4 has no torch dtype to convert to; quantize with encode_float(value, 'int4')")
     if dtype is not None:
         tensor = tensor.to(_info(dtype).torch_dtype)
     code = _BY_TORCH.get(tensor.dtype)
@@ -227,7 +229,7 @@ def video_packets(
 ) -> list[bytes]:
     """Validate a COMPRESSION_H264 tensor (see `validate`) and split its data into one packet per row."""
     if message.compression != Compression.COMPRESSION_H264:
-        raise WireError(f"expected an H.264 video tensor, got compression {_compression_name(message.compression)}")
+        raise WireError(f"expected an H.264 video tensor, got compression {message.compression}")
     validate(message, max_bytes=max_bytes, expect_dtype=DType.DTYPE_UINT8, expect_shape=expect_shape)
     offsets = np.cumsum([0, *message.packet_sizes]).tolist()
     return [message.data[start:end] for start, end in itertools.pairwise(offsets)]
@@ -300,10 +302,6 @@ def _check_row_scale(message: Tensor, shape: list[int]) -> None:
         raise WireError(f"row_scale has {len(message.row_scale)} entries for shape {shape}; expected one per row")
     if not all(math.isfinite(s) and s >= 0 for s in message.row_scale):
         raise WireError("row_scale holds a negative, NaN or Inf scale")
-
-
-def _compression_name(compression: int) -> str:
-    return Compression.Name(compression) if compression in Compression.values() else str(compression)
 
 
 def _check_video(message: Tensor, shape: list[int]) -> None:

@@ -1,9 +1,9 @@
 """Edge-encoder service: serves the environment's stream and dials inference, one stream per environment.
 
 For every vector step it updates the env's frame stacks and forwards what the
-mode puts on the WAN: bf16 activations of the CNN encoder (split modes), or
+mode puts on the WAN: activations of the CNN encoder (split modes), or
 the newest uint8 frame, an H.264 packet per env, or the bf16 stack (cloud).
-Activations use the configured float codec (bf16, int8, fp8, optionally +zstd). Actions come back the same way.
+Activations use the configured float codec (bf16, int8, int4, fp8, optionally +zstd). Actions come back the same way.
 
 If the Act stream to inference breaks, the environment's step is held and sent
 again on a new Act stream (new run id, jittered exponential backoff): inference
@@ -202,13 +202,19 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     async def _encode_video(
         self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
     ) -> None:
-        """On the compute thread: `frames` as one H.264 packet per env into `request`; records PSNR and time."""
-        started = time.perf_counter()
-        message, psnr = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        """On the compute thread: `frames` as one H.264 packet per env into `request`; records the encoding time
+        and, with --video-measure-psnr, the PSNR the cloud will see."""
+
+        def encode() -> wire.Tensor:
+            started = time.perf_counter()
+            message = video.encode(frames)
+            self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - started)
+            if self.settings.video_measure_psnr:
+                self.metrics.video_psnr.observe(video.mirror_psnr(frames, message))
+            return message
+
+        message = await asyncio.get_running_loop().run_in_executor(self._compute, encode)
         request.observations.CopyFrom(message)
-        self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - started)
-        if psnr is not None:
-            self.metrics.video_psnr.observe(psnr)
 
     async def _act_request(
         self, stream: _EnvStream, step: rollout_pb2.EnvStep
@@ -265,6 +271,7 @@ class _ActStream:
         if self.call is not None:
             self.call.cancel()
             self.call = None
+        self.video = None  # its encoders served that call only
         return self.run_id
 
 

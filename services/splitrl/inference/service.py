@@ -26,7 +26,7 @@ from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import ModelConfig
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
-from splitrl.core.video import VideoStreamDecoder
+from splitrl.core.video import VideoDecodeError, VideoStreamDecoder
 from splitrl.inference.batcher import Batcher
 from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.replay_writer import ReplayWriter
@@ -57,6 +57,10 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
         self.policy = Policy(settings.mode == "cloud", self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
+        # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
+        self._decoding = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="video") if self.codec == "video" else None
+        )
         self.batcher = Batcher(
             self.policy.act,
             self._executor,
@@ -97,6 +101,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._executor.shutdown(wait=True)
+        if self._decoding is not None:
+            self._decoding.shutdown(wait=True)
 
     async def Act(
         self, request_iterator: AsyncIterator[rollout_pb2.ActRequest], context: grpc.aio.ServicerContext
@@ -119,10 +125,9 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                     )
                 self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.codec))
                 try:
-                    observations = stream.policy_input(request)
-                except wire.WireError:
-                    if self.codec == "video":  # the stream ends, and its decoders with it
-                        self.metrics.video_decode_errors.inc()
+                    observations = await self._policy_input(stream, request)
+                except VideoDecodeError:  # the stream ends, and its decoders with it
+                    self.metrics.video_decode_errors.inc()
                     raise
                 decisions = await self.batcher.submit(observations)
                 response = rollout_pb2.ActResponse(
@@ -143,6 +148,11 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             if unfinished:
                 self.metrics.trajectory_chunks_dropped.labels(reason="reconnect").inc(unfinished)
                 log.info("Act stream of run %s ended; %d unfinished chunks dropped", run_id, unfinished)
+
+    async def _policy_input(self, stream: _EdgeStream, request: rollout_pb2.ActRequest) -> torch.Tensor:
+        if self._decoding is None:
+            return stream.policy_input(request)
+        return await asyncio.get_running_loop().run_in_executor(self._decoding, stream.policy_input, request)
 
     async def Publish(
         self, request_iterator: AsyncIterator[weights_pb2.Weights], context: grpc.aio.ServicerContext
@@ -171,7 +181,7 @@ class _EdgeStream:
         self.next_sequence = 0
         self.cutter = TrajectoryCutter(settings.unroll_length)
         self.stacker: FrameStacker | None = None
-        self.video = VideoStreamDecoder(settings.frame_size) if codec == "video" else None
+        self.video = VideoStreamDecoder(settings.frame_size, settings.max_batch_size) if codec == "video" else None
 
     def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
         """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
@@ -180,7 +190,7 @@ class _EdgeStream:
         if dtype is None:  # activations, in any float codec; NaN / Inf refused
             observations = wire.decode_float(request.observations, expect_shape=shape).to(torch.bfloat16)
         elif self.video is not None:
-            observations = self.video.decode(request.observations, num_envs=self.num_envs)
+            observations = self.video.decode(request.observations, expect_shape=list(shape))
         else:
             observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
         n = observations.shape[0]
