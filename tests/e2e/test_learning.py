@@ -7,8 +7,8 @@ onsets shift by a few thousand steps from run to run):
   cloud             leaves random play at ~17-20k steps; +0.65 and +0.78 at 30k / 36k;
   split             leaves it at ~17-20k; +0.9 and +0.95 at 30k / 36k;
   split-accumulate  leaves it at ~30-33k (its encoder sees a quarter of the rows, through
-                    stale activations); +0.45 and +0.85 at 56k in two runs; later runs left it
-                    as late as ~45k (-0.05 over the last 4k of 56k once), so the test runs 72k.
+                    stale activations); +0.45 and +0.85 at 56k in two runs, but one later run scored
+                    only -0.05 over the last 4k of 56k (a later onset), so the test runs 72k.
 And the narrow, cheap codecs of the bytes frontier:
   cloud --codec h264 (crf 23)                         +0.89 over the last 4k of 36k steps;
   split-accumulate --width 32, int4 both ways         leaves random play at ~50-56k steps; +0.52 over 72-80k and
