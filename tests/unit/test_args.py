@@ -162,3 +162,15 @@ def test_bool_flag_help_shows_both_forms():
     text = " ".join(parser.format_help().split())
     assert "--verbose, --no-verbose" in text
     assert "[env SPLITRL_VERBOSE; default: False]" in text
+
+
+def test_to_argv_round_trips_booleans_as_flag_and_no_flag():
+    from splitrl.cli.args import to_argv
+    from splitrl.edge_encoder.settings import EdgeEncoderSettings
+
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, EdgeEncoderSettings)
+    for measure in (True, False):
+        argv = to_argv({"video_measure_psnr": measure, "video_crf": 28})
+        settings = settings_from_args(EdgeEncoderSettings, parser.parse_args(argv), environ={})
+        assert (settings.video_measure_psnr, settings.video_crf) == (measure, 28)

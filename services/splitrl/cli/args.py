@@ -69,7 +69,10 @@ def to_argv(values: Mapping[str, Any]) -> list[str]:
     """Flags for `values` ({"num_envs": 4} -> ["--num-envs", "4"]): how one splitrl process starts another."""
     argv: list[str] = []
     for name, value in values.items():
-        argv += [flag_name(name), str(value)]
+        if isinstance(value, bool):  # booleans are --flag / --no-flag (argparse.BooleanOptionalAction)
+            argv.append(flag_name(name) if value else f"--no-{flag_name(name).removeprefix('--')}")
+        else:
+            argv += [flag_name(name), str(value)]
     return argv
 
 

@@ -169,6 +169,7 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
             "codec": settings.codec,
             "video_crf": settings.video_crf,
             "video_preset": settings.video_preset,
+            "video_measure_psnr": settings.video_measure_psnr,
             "activation_codec": settings.activation_codec,
             "seed": settings.seed,
             "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
