@@ -36,7 +36,9 @@ def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:
     """
     if mode != "cloud":
         return "activation"
-    return {"stack-bf16": "stack-bf16", "h264": "video"}.get(codec, "frame")  # type: ignore[return-value]
+    if codec == "h264":
+        return "video"
+    return "stack-bf16" if codec == "stack-bf16" else "frame"
 
 
 def payload_of(codec: StreamCodec) -> Payload:
