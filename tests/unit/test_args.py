@@ -174,3 +174,65 @@ def test_to_argv_round_trips_booleans_as_flag_and_no_flag():
         argv = to_argv({"video_measure_psnr": measure, "video_crf": 28})
         settings = settings_from_args(EdgeEncoderSettings, parser.parse_args(argv), environ={})
         assert (settings.video_measure_psnr, settings.video_crf) == (measure, 28)
+
+
+# --- --config FILE ---------------------------------------------------------------------------------
+
+
+def up_settings(parser, *flags: str, environ: dict[str, str] | None = None):
+    from splitrl.cli.up import UpSettings
+
+    namespace = parser.parse_args(["up", *flags])
+    return settings_from_args(UpSettings, namespace, environ={} if environ is None else environ)
+
+
+def test_config_file_sets_values_and_flags_and_variables_override_it(parser, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("env: CarRacing-v3\nenv-kwargs: {continuous: false}\naction_repeat: 4\nlearning_rate: 1.0e-4\n")
+    settings = up_settings(parser, "--config", str(config), "--action-repeat", "2", environ={"SPLITRL_SEED": "3"})
+    assert settings.env_kwargs == {"continuous": False}
+    assert settings.learning_rate == 1e-4
+    assert settings.action_repeat == 2  # the flag beats the file
+    assert settings.seed == 3
+    assert up_settings(parser, "--config", str(config), environ={"SPLITRL_ACTION_REPEAT": "8"}).action_repeat == 8
+
+
+def test_config_file_can_come_from_the_environment(parser, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 123\n")
+    assert up_settings(parser, environ={"SPLITRL_CONFIG": str(config)}).steps == 123
+
+
+def test_services_ignore_the_config_variable(parser, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("steps: 123\n")  # an `up` setting; a service child inherits the variable and must not read it
+    assert environment_settings(parser, environ={"SPLITRL_CONFIG": str(config)}) == EnvironmentSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("stepz: 5\n", "unknown settings 'stepz'"),
+        ("- 1\n- 2\n", "expected a mapping of settings, got list"),
+        ("steps: [unclosed\n", "config"),
+        ("steps: -4\n", "--steps / SPLITRL_STEPS"),
+    ],
+)
+def test_bad_config_files_fail_with_the_reason(parser, tmp_path, text, message):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    with pytest.raises(ValueError) as error:
+        up_settings(parser, "--config", str(config))
+    assert message in str(error.value)
+
+
+def test_a_missing_config_file_is_named(parser, tmp_path):
+    with pytest.raises(ValueError, match=r"nope\.yaml"):
+        up_settings(parser, "--config", str(tmp_path / "nope.yaml"))
+
+
+def test_the_shipped_configs_are_valid(parser):
+    configs = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+    assert configs, "configs/ holds the per-env recipes"
+    for config in configs:
+        up_settings(parser, "--config", str(config))

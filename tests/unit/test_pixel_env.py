@@ -10,7 +10,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import splitrl.core.envs as envs
-from splitrl.core.envs import CATCH_ID, ActionRepeat, action_spec_from_space, make_env
+from splitrl.core.action_repeat import ActionRepeat
+from splitrl.core.envs import CATCH_ID, action_spec_from_space, make_env
 from splitrl.core.models import ActionSpec
 from splitrl.core.pixel_env import BALL, PADDLE, CatchEnv
 

@@ -1,8 +1,9 @@
 """Settings models <-> argparse: each field is a flag, and SPLITRL_<FIELD> in the environment.
 
-Precedence: command-line flag, then environment variable, then the field's
-default. Values are validated by the model, so `--num-envs 0` fails with the
-field's own rule and the value in the message.
+Precedence: command-line flag, then environment variable, then the config
+file given with `--config` (a YAML mapping of field names to values, e.g.
+configs/carracing.yaml), then the field's default. Values are validated by the
+model, so `--num-envs 0` fails with the field's own rule and the value in the message.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ import os
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from pydantic import BaseModel, ValidationError
 
 ENV_PREFIX = "SPLITRL_"
@@ -65,6 +68,35 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
         )
 
 
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`: settings from a YAML file, below flags and environment variables."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="YAML file of settings (keys are the flag names, with - or _); flags and SPLITRL_* variables "
+        f"override it [env {env_name('config')}]",
+    )
+
+
+def load_config(path: Path, model: type[BaseModel]) -> dict[str, Any]:
+    """The settings in YAML file `path`, keys normalised to field names; ValueError for a key `model` lacks."""
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"config {path}: {error}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config {path}: expected a mapping of settings, got {type(loaded).__name__}")
+    values = {str(key).replace("-", "_"): value for key, value in loaded.items()}
+    unknown = sorted(set(values) - set(model.model_fields))
+    if unknown:
+        raise ValueError(f"config {path}: unknown settings {', '.join(map(repr, unknown))}")
+    return values
+
+
 def to_argv(values: Mapping[str, Any]) -> list[str]:
     """Flags for `values` ({"num_envs": 4} -> ["--num-envs", "4"]): how one splitrl process starts another."""
     argv: list[str] = []
@@ -76,15 +108,22 @@ def to_argv(values: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None) -> M:
-    """Build `model` from parsed flags, falling back to SPLITRL_* variables; ValueError names the bad field."""
-    environ = os.environ if environ is None else environ
+def given_values(model: type[BaseModel], namespace: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
+    """The values set by flags, SPLITRL_* variables or the `--config` file (in that precedence); no defaults."""
     values: dict[str, Any] = {}
+    if hasattr(namespace, "config"):  # only commands that take --config read SPLITRL_CONFIG
+        config = namespace.config or environ.get(env_name("config"))
+        values = load_config(Path(config), model) if config else {}
     for name in model.model_fields:
         if hasattr(namespace, name):
             values[name] = getattr(namespace, name)
         elif env_name(name) in environ:
             values[name] = environ[env_name(name)]
+    return values
+
+
+def validate_settings(model: type[M], values: Mapping[str, Any]) -> M:
+    """`model` from `values`; ValueError names each bad field by its flag and variable, with the value given."""
     try:
         return model.model_validate(values)
     except ValidationError as error:
@@ -93,3 +132,11 @@ def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: M
             for e in error.errors()
         ]
         raise ValueError("invalid settings:\n  " + "\n  ".join(problems)) from None
+
+
+def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None) -> M:
+    """Build `model` from parsed flags, falling back to SPLITRL_* variables, then to the `--config` file.
+
+    ValueError names the bad field.
+    """
+    return validate_settings(model, given_values(model, namespace, os.environ if environ is None else environ))

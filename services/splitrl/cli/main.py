@@ -1,16 +1,25 @@
-"""`splitrl`: run one service (`serve SERVICE`), train locally (`up`), redraw a run's plot (`plot RUN_DIR`),
-benchmark (`bench network|framing|throughput`) or report on runs (`report RUN_DIR...`)."""
+"""`splitrl`: run one service (`serve SERVICE`), train locally (`up`, `up --resume RUN_DIR`), play a trained
+agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark (`bench network|framing|throughput`)
+or report on runs (`report RUN_DIR...`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitrl.cli.args import add_settings_arguments, settings_from_args
+from splitrl.cli.args import (
+    add_config_argument,
+    add_settings_arguments,
+    given_values,
+    settings_from_args,
+    validate_settings,
+)
+from splitrl.cli.run_dir import load_evals
 
 
 def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
@@ -40,6 +49,7 @@ def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from splitrl.cli.evaluate import EvalSettings
     from splitrl.cli.up import UpSettings
 
     parser = argparse.ArgumentParser(
@@ -58,6 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
         description=UpSettings.__doc__,
     )
     add_settings_arguments(up, UpSettings)
+    add_config_argument(up)
+    up.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="Go on with the run in RUN_DIR from its checkpoints and curve, with the settings it started with; "
+        "flags given now override them (e.g. a larger --steps).",
+    )
+    evaluate = commands.add_parser(
+        "eval",
+        help="Play a run's trained agent on unseen episodes: mean, IQM, std; --record films it.",
+        description=EvalSettings.__doc__,
+    )
+    evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="A directory `splitrl up` wrote.")
+    add_settings_arguments(evaluate, EvalSettings)
     plot = commands.add_parser(
         "plot",
         help="Redraw RUN_DIR/learning.png from RUN_DIR/summary.json.",
@@ -173,7 +198,30 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
         parser.exit(2, f"splitrl plot: cannot read {path}: {error}\n")
     if not isinstance(summary, dict):
         parser.exit(2, f"splitrl plot: {path} is not a run summary (a JSON object)\n")
-    print(plot_run(summary, run_dir / "learning.png"))
+    print(plot_run(summary, run_dir / "learning.png", load_evals(run_dir)))
+    return 0
+
+
+def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from splitrl.cli.evaluate import EvalSettings, evaluate
+    from splitrl.cli.plots import plot_run
+
+    try:
+        settings = settings_from_args(EvalSettings, args)
+        result = evaluate(args.run_dir, settings)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"splitrl eval: {error}\n")
+    print(
+        f"{args.run_dir}: policy version {result['policy_version']} after {result['env_steps']} env steps, "
+        f"{result['episodes']} unseen episodes ({'deterministic' if settings.deterministic else 'sampled'} actions): "
+        f"mean {result['mean']:.1f}, IQM {result['iqm']:.1f}, std {result['std']:.1f}, "
+        f"min {result['min']:.1f}, max {result['max']:.1f} ({result['wall_seconds']:.0f} s)"
+    )
+    if settings.record is not None:
+        print(f"recorded {settings.record}")
+    summary = args.run_dir / "summary.json"
+    if summary.exists():
+        print(plot_run(json.loads(summary.read_text()), args.run_dir / "learning.png", load_evals(args.run_dir)))
     return 0
 
 
@@ -234,19 +282,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
     if args.command == "certs":
         return _certs(parser, args)
+    if args.command == "eval":
+        return _eval(parser, args)
     if args.command == "plot":
         return _plot(parser, args.run_dir)
     if args.command == "report":
         return _report(parser, args.run_dirs, args.out, args.return_window, args.return_tolerance)
     if args.command == "bench":
         return _bench(parser, args)
+    return _up(parser, args)
+
+
+def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from splitrl.cli import run_dir
     from splitrl.cli.up import UpSettings, run_up
 
     try:
-        up_settings = settings_from_args(UpSettings, args)
+        given = given_values(UpSettings, args, os.environ)
+        if args.resume is not None:
+            if "run_dir" in given and Path(given["run_dir"]) != args.resume:
+                raise ValueError(f"--resume {args.resume} and --run-dir {given['run_dir']} name different runs")
+            given = {**run_dir.load_settings(args.resume), **given, "run_dir": args.resume}
+        up_settings = validate_settings(UpSettings, given)
     except ValueError as error:
         parser.exit(2, f"splitrl up: {error}\n")
-    return run_up(up_settings)
+    return run_up(up_settings, resume=args.resume is not None)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Uses matplotlib's Agg canvas directly (no pyplot), so it needs no display and ke
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +23,18 @@ MAX_EPISODES_PER_BIN = 20
 WAN_COLOUR, LOCAL_COLOUR = "tab:red", "tab:blue"
 
 
-def plot_run(summary: dict[str, Any], out: Path) -> Path:
+def plot_run(summary: dict[str, Any], out: Path, evaluations: Sequence[dict[str, Any]] = ()) -> Path:
     """Write a PNG of `summary` (as `splitrl up` writes it) to `out`: returns `out`.
 
-    Left: mean episode return vs env steps, with cumulative learner updates on a second axis.
+    Left: mean episode return vs env steps, with cumulative learner updates on a second axis, and the
+    `evaluations` of `splitrl eval` (mean +- std over unseen episodes) at the env steps they were taken.
     Right: bytes sent per (link, phase), log scale, WAN links in red, each bar annotated with bytes per env step.
     """
     settings = summary.get("settings") or {}
     fig = Figure(figsize=(15, 6), layout="constrained")
     FigureCanvasAgg(fig)
     curve_axes, bytes_axes = fig.subplots(1, 2, width_ratios=(1, 1.2))
-    _draw_curve(curve_axes, summary.get("curve") or [])
+    _draw_curve(curve_axes, summary.get("curve") or [], evaluations)
     _draw_bytes(bytes_axes, summary.get("links") or {}, summary.get("env_steps") or 0)
     fig.suptitle(
         f"{settings.get('mode', '?')} on {settings.get('env', '?')}: {int(summary.get('env_steps') or 0):,} env steps, "
@@ -88,7 +90,7 @@ def _say(axes: Axes, message: str) -> None:
     axes.text(0.5, 0.5, message, ha="center", va="center", transform=axes.transAxes, fontsize=12)
 
 
-def _draw_curve(axes: Axes, curve: list[dict[str, float]]) -> None:
+def _draw_curve(axes: Axes, curve: list[dict[str, float]], evaluations: Sequence[dict[str, Any]]) -> None:
     axes.set_title("Learning curve")
     axes.set_xlabel("env steps")
     bins = curve_bins(curve)
@@ -97,6 +99,20 @@ def _draw_curve(axes: Axes, curve: list[dict[str, float]]) -> None:
         return
     steps, returns = zip(*bins, strict=True)
     (line,) = axes.plot(steps, returns, marker="o", color="tab:green", label="mean episode return (per bin)")
+    handles: list[Any] = [line]
+    placed = [e for e in evaluations if e.get("env_steps") is not None]
+    if placed:
+        handles.append(
+            axes.errorbar(
+                [e["env_steps"] for e in placed],
+                [e["mean"] for e in placed],
+                yerr=[e["std"] for e in placed],
+                fmt="D",
+                color="black",
+                capsize=4,
+                label="evaluation: mean +- std over unseen episodes",
+            )
+        )
     axes.set_ylabel("mean episode return")
     axes.set_xlim(left=0)
     axes.grid(alpha=0.3)
@@ -107,7 +123,7 @@ def _draw_curve(axes: Axes, curve: list[dict[str, float]]) -> None:
     stairs.set_label("learner updates (cumulative, right axis)")
     updates.set_ylabel("learner updates (cumulative)", color="grey")
     updates.set_ylim(bottom=0)
-    axes.legend(handles=[line, stairs], loc="upper left")
+    axes.legend(handles=[*handles, stairs], loc="upper left")
 
 
 def _draw_bytes(axes: Axes, links: dict[str, Any], env_steps: float) -> None:

@@ -23,8 +23,10 @@ def human_bytes(n: float) -> str:
 class Progress:
     """Shows env steps, steps/s and bytes sent per link from the services' live /metrics."""
 
-    def __init__(self, target_steps: int, interactive: bool) -> None:
+    def __init__(self, target_steps: int, interactive: bool, done_steps: int = 0) -> None:
+        """`done_steps`: agent steps earlier segments of a resumed run took (shown added to this one's)."""
         self.target_steps = target_steps
+        self.done_steps = done_steps
         self.console = Console()
         self._live = Live(console=self.console, refresh_per_second=4) if interactive else None
         if self._live is not None:
@@ -35,8 +37,9 @@ class Progress:
         self._sent: dict[tuple[str, str], int] = {}
 
     def update(self, texts: list[str], elapsed_s: float) -> None:
-        self._steps = steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
-        rate = steps / elapsed_s if elapsed_s > 0 else 0.0
+        self._steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
+        rate = self._steps / elapsed_s if elapsed_s > 0 else 0.0
+        steps = self.done_steps + self._steps
         for key, value in scrape.sent_bytes(scrape.link_counts(texts)).items():
             self._sent[key] = max(self._sent.get(key, 0), value)
         sent = self._sent

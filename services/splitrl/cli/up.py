@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from splitrl.cli import run_dir as run_dir_files
 from splitrl.cli.args import to_argv
 from splitrl.cli.progress import Progress
 from splitrl.core import certs, scrape
@@ -65,6 +66,10 @@ class UpSettings(EnvSettings, VideoSettings, Settings):
     minibatches: int = Field(4, ge=1, description="Learner: minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Learner: Adam learning rate.")
     correction: Literal["gae", "vtrace"] = Field("gae", description="Learner: GAE (PPO) or V-trace advantages.")
+    gamma: float = Field(0.99, ge=0, le=1, description="Learner: discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="Learner: GAE (and V-trace) lambda.")
+    entropy_coef: float = Field(0.01, ge=0, description="Learner: weight of the entropy bonus.")
+    reward_scale: float = Field(1.0, gt=0, description="Learner: rewards are multiplied by this for training.")
     encoder_fraction: float = Field(
         0.25, ge=0, le=1, description="split-accumulate: share of minibatch rows whose gradients go to the edge."
     )
@@ -115,7 +120,10 @@ def tls_flags(name: str, settings: UpSettings, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def service_flags(name: str, settings: UpSettings, children: dict[str, Child], run_dir: Path) -> dict[str, Any]:
+def service_flags(
+    name: str, settings: UpSettings, children: dict[str, Child], run_dir: Path, done_steps: int = 0
+) -> dict[str, Any]:
+    """Service `name`'s flags. `done_steps`: agent steps earlier segments of a resumed run took already."""
     shared = settings.env_flags()
     common = {
         "host": "127.0.0.1",
@@ -156,6 +164,10 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
             "minibatches": settings.minibatches,
             "learning_rate": settings.learning_rate,
             "correction": settings.correction,
+            "gamma": settings.gamma,
+            "gae_lambda": settings.gae_lambda,
+            "entropy_coef": settings.entropy_coef,
+            "reward_scale": settings.reward_scale,
             "encoder_fraction": settings.encoder_fraction,
             "gradient_codec": settings.gradient_codec,
         }
@@ -181,8 +193,8 @@ def service_flags(name: str, settings: UpSettings, children: dict[str, Child], r
         "num_envs": settings.num_envs,
         "env_groups": settings.env_groups,
         "action_repeat": settings.action_repeat,
-        "seed": settings.seed,
-        "max_steps": settings.steps,
+        "seed": settings.seed + done_steps,  # a resumed run plays tracks it has not played yet
+        "max_steps": settings.steps - done_steps,
     }
 
 
@@ -235,26 +247,37 @@ def stop_all(children: dict[str, Child]) -> None:
             stop_child(children[name], timeout_s=15.0)
 
 
-def run_up(settings: UpSettings) -> int:
-    """Run the whole stack until `settings.steps` agent steps; returns the process exit code."""
+def run_up(settings: UpSettings, resume: bool = False) -> int:
+    """Run the whole stack until `settings.steps` agent steps; returns the process exit code.
+
+    `resume`: `settings.run_dir` holds an earlier segment of this run; its checkpoints and curve go on.
+    """
     run_dir = settings.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.mode}"
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics").mkdir(exist_ok=True)
     for stale in (run_dir / "metrics").glob("*.prom"):  # a reused run dir: count only this run
         stale.unlink()
+    curve = run_dir_files.load_curve(run_dir) if resume else []
+    offset = curve[-1] if curve else run_dir_files.zero_point()
+    done_steps = int(offset["env_steps"])
+    if done_steps >= settings.steps:
+        print(f"splitrl up: {run_dir} already took {done_steps} of --steps {settings.steps}; raise --steps to go on")
+        return 0
+    if not resume:
+        (run_dir / run_dir_files.CURVE_FILE).unlink(missing_ok=True)
+    run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     children: dict[str, Child] = {}
-    curve: list[dict[str, float]] = []
     interrupted = start_failed = False
     # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
     # supervisor's SIGINT) must still stop the run cleanly.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
-    progress = Progress(settings.steps, sys.stdout.isatty())
+    progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
     try:
         prepare_tls(settings, run_dir)
         for name in START_ORDER:
-            flags = service_flags(name, settings, children, run_dir)
+            flags = service_flags(name, settings, children, run_dir, done_steps)
             children[name] = spawn(name, flags, run_dir)
             wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
         started = time.monotonic()
@@ -265,7 +288,8 @@ def run_up(settings: UpSettings) -> int:
                 raise RuntimeError(f"{', '.join(crashed)} exited during the run; see {run_dir / 'logs'}")
             texts = _live_texts(children)
             progress.update(texts, time.monotonic() - started)
-            _extend_curve(curve, _curve_point(texts) | {"seconds": round(time.monotonic() - started, 3)})
+            point = _curve_point(texts) | {"seconds": round(time.monotonic() - started, 3)}
+            _extend_curve(curve, run_dir_files.shifted(point, offset), run_dir)
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -282,11 +306,11 @@ def run_up(settings: UpSettings) -> int:
         progress.close()
         signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
-    summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve)
+    summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve, offset)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
 
-    plot_run(summary, run_dir / "learning.png")
+    plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir))
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
     return 130 if interrupted else (1 if failed or start_failed else 0)
@@ -302,13 +326,15 @@ def _live_texts(children: dict[str, Child]) -> list[str]:
     return texts
 
 
-def _extend_curve(curve: list[dict[str, float]], point: dict[str, float]) -> None:
-    """Append `point` unless a counter went backwards (a service that just exited took its series with it).
+def _extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> None:
+    """Append `point` (and log it to RUN_DIR/curve.jsonl) unless a counter went backwards: a service that just
+    exited took its series with it.
 
     return_sum is not checked: negative returns make it fall.
     """
     if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates", "wan_bytes")):
         curve.append(point)
+        run_dir_files.append_curve(run_dir, point)
 
 
 def _curve_point(texts: list[str]) -> dict[str, float]:
@@ -333,14 +359,18 @@ def build_summary(
     elapsed_s: float,
     interrupted: bool,
     curve: list[dict[str, float]],
+    offset: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
 
-    Its `curve` is the live one, ended with a point from the final counters; each point's `seconds` count
-    from the moment every service was serving.
+    Counters are this segment's; `resumed_at` is the curve point earlier segments of a resumed run ended at
+    (zeros for a fresh run). Its `curve` is the whole run's, cumulative, ended with a point from the final
+    counters; each point's `seconds` count service-serving time over all segments.
     """
+    offset = offset or run_dir_files.zero_point()
     texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
-    _extend_curve(curve, _curve_point(texts) | {"seconds": round(elapsed_s, 3)})
+    final = _curve_point(texts) | {"seconds": round(elapsed_s, 3)}
+    _extend_curve(curve, run_dir_files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
     links = scrape.link_counts(texts)
     wan_bytes: dict[str, int] = {}
@@ -352,6 +382,7 @@ def build_summary(
     return {
         "settings": json.loads(settings.model_dump_json()),
         "interrupted": interrupted,
+        "resumed_at": offset,
         "exit_codes": {name: child.process.returncode for name, child in children.items()},
         "env_steps": steps,
         "wall_seconds": round(elapsed_s, 3),

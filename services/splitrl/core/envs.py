@@ -1,44 +1,26 @@
 """Building the environments a service steps: any gymnasium env with image observations.
 
 Observations become uint8 grayscale [frame_size, frame_size]; an action
-repeat sums rewards over repeated actions. Importing this module registers
+repeat (splitrl.core.action_repeat) sums rewards over repeated actions. Importing this module registers
 the fast pixel env as `splitrl/Catch-v0`.
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, SupportsFloat
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from splitrl.core.action_repeat import ActionRepeat
 from splitrl.core.models import ActionSpec
 
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
     gym.register(id=CATCH_ID, entry_point="splitrl.core.pixel_env:CatchEnv")
-
-
-class ActionRepeat(gym.Wrapper[Any, Any, Any, Any]):
-    """Repeat each action `repeat` times, summing rewards; stops early when the episode ends."""
-
-    def __init__(self, env: gym.Env[Any, Any], repeat: int) -> None:
-        if repeat < 1:
-            raise ValueError(f"action repeat must be >= 1, got {repeat}")
-        super().__init__(env)
-        self.repeat = repeat
-
-    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
-        total = 0.0
-        for _ in range(self.repeat):
-            obs, reward, terminated, truncated, info = self.env.step(action)
-            total += float(reward)
-            if terminated or truncated:
-                break
-        return obs, total, terminated, truncated, info
 
 
 def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
@@ -48,9 +30,16 @@ def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
     return resized[0, 0].round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-def make_env(env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_repeat: int) -> gym.Env[Any, Any]:
-    """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images."""
+def make_env(
+    env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_repeat: int, skip_render: bool = True
+) -> gym.Env[Any, Any]:
+    """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images.
+
+    `skip_render=False` draws every repeated frame (only to time or check the fast repeat against the plain one).
+    """
     env = gym.make(env_id, **env_kwargs)
+    if action_repeat > 1:  # innermost: frames the repeat discards are neither drawn (if it can) nor transformed
+        env = ActionRepeat(env, action_repeat, skip_render)
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
         env.close()
@@ -67,8 +56,6 @@ def make_env(env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_re
         env = gym.wrappers.TransformObservation(
             env, partial(resize_frame, size=frame_size), gym.spaces.Box(0, 255, (frame_size, frame_size), np.uint8)
         )
-    if action_repeat > 1:
-        env = ActionRepeat(env, action_repeat)
     return env
 
 

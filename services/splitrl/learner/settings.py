@@ -26,6 +26,12 @@ class LearnerSettings(ServerSettings, EnvSettings, RedialSettings):
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate (the research used 5e-5).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    reward_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Rewards are multiplied by this before advantages and value targets (returns of hundreds, "
+        "as CarRacing's, train a unit-scale value head badly); reported returns are unscaled.",
+    )
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")

@@ -185,8 +185,9 @@ class Trainer:
         (as in APPO); using the behaviour policy there would correct twice.
         """
         s = self.settings
+        rewards = batch.rewards * s.reward_scale
         if s.correction == "gae":
-            advantages, returns = gae(batch.rewards, batch.values, batch.dones, s.gamma, s.gae_lambda)
+            advantages, returns = gae(rewards, batch.values, batch.dones, s.gamma, s.gae_lambda)
             return advantages, returns, batch.behaviour_log_probs
         chunks, horizon = batch.rewards.shape
         observations = batch.observations.reshape(chunks * (horizon + 1), *batch.observations.shape[2:])
@@ -196,6 +197,6 @@ class Trainer:
         target_log_probs = distribution.log_prob(actions.reshape(chunks * (horizon + 1), *batch.actions.shape[2:]))
         target_log_probs = target_log_probs.reshape(chunks, horizon + 1)[:, :-1]
         result = vtrace(
-            batch.behaviour_log_probs, target_log_probs, batch.rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
+            batch.behaviour_log_probs, target_log_probs, rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
         )
         return result.pg_advantages, result.value_targets, target_log_probs

@@ -1,0 +1,84 @@
+"""What a run directory keeps so `splitrl up --resume RUN_DIR` can go on: its settings, curve and evaluations.
+
+`settings.json` is written when a run starts and `curve.jsonl` gets a line per
+progress point while it runs, so even a run killed outright (no summary.json)
+resumes. The learner and the edge encoder resume from their own checkpoints
+under RUN_DIR/checkpoints/; replay is not persisted (it holds about two updates
+of fresh chunks, refilled within seconds). Curve points are cumulative over
+every segment of the run: a resumed segment adds its counters to the last point.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SETTINGS_FILE = "settings.json"
+CURVE_FILE = "curve.jsonl"
+#: One line per `splitrl eval`: the env steps and policy version evaluated, and the returns.
+EVALS_FILE = "evals.jsonl"
+#: Each curve point's cumulative counters: env steps, finished episodes and their return sum, learner updates,
+#: WAN bytes sent (every direction, by its sender) and seconds since the services were serving.
+CURVE_KEYS = ("env_steps", "episodes", "return_sum", "updates", "wan_bytes", "seconds")
+
+
+def save_settings(run_dir: Path, settings_json: str) -> None:
+    (run_dir / SETTINGS_FILE).write_text(settings_json)
+
+
+def load_settings(run_dir: Path) -> dict[str, Any]:
+    """The settings a run started with; ValueError if `run_dir` is not a run directory."""
+    path = run_dir / SETTINGS_FILE
+    try:
+        settings = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{run_dir} is not a run directory of `splitrl up` (no {SETTINGS_FILE})") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read {path}: {error}") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path} holds no settings object")
+    return settings
+
+
+def load_curve(run_dir: Path) -> list[dict[str, float]]:
+    """The curve so far; a line cut short by a crash mid-write ends it."""
+    path = run_dir / CURVE_FILE
+    points: list[dict[str, float]] = []
+    if not path.exists():
+        return points
+    for line in path.read_text().splitlines():
+        try:
+            point = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if not (isinstance(point, dict) and all(isinstance(point.get(key), int | float) for key in CURVE_KEYS)):
+            break
+        points.append(point)
+    return points
+
+
+def append_curve(run_dir: Path, point: dict[str, float]) -> None:
+    with (run_dir / CURVE_FILE).open("a") as file:
+        file.write(json.dumps(point) + "\n")
+
+
+def zero_point() -> dict[str, float]:
+    return dict.fromkeys(CURVE_KEYS, 0.0)
+
+
+def shifted(point: dict[str, float], offset: dict[str, float]) -> dict[str, float]:
+    """`point` of this segment, made cumulative over the run by adding the previous segments' last point."""
+    return {**point, **{key: point[key] + offset[key] for key in CURVE_KEYS}}
+
+
+def append_eval(run_dir: Path, result: dict[str, Any]) -> None:
+    with (run_dir / EVALS_FILE).open("a") as file:
+        file.write(json.dumps(result) + "\n")
+
+
+def load_evals(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / EVALS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
