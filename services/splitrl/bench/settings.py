@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
@@ -114,3 +114,40 @@ class ThroughputBenchSettings(EnvSettings, Settings):
         if any(not 64 <= size <= 16 * 1024 * 1024 for size in value):
             raise ValueError(f"link sizes must be in [64, 16 MiB] bytes, got {value}")
         return value
+
+
+def _row_spec(value: str) -> str:
+    """MODE[:CODEC][:wWIDTH] with a mode, codec and width splitrl up takes; ValueError quoting the row."""
+    mode, *rest = value.split(":")
+    if mode not in get_args(Mode) or len(rest) > 2:
+        raise ValueError(f"row {value!r}: expected MODE[:CODEC][:wWIDTH], e.g. cloud:h264 or split-accumulate:int4:w32")
+    codecs = get_args(ObservationCodec) if mode == "cloud" else get_args(FloatCodec)
+    for part in rest:
+        if not (part in codecs or (part.startswith("w") and part[1:].isdigit() and int(part[1:]) >= 1)):
+            raise ValueError(f"row {value!r}: {part!r} is neither a {mode} codec ({', '.join(codecs)}) nor wWIDTH")
+    return value
+
+
+class LearningBenchSettings(Settings):
+    """Train rows x seeds to a budget of env frames with `splitrl up`, in resumable segments, evaluating after
+    each on unseen episodes: return vs env frames and vs cumulative WAN bytes (table and figure)."""
+
+    config: Path = Field(
+        Path("configs/carracing.yaml"),
+        description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codec, width.",
+    )
+    rows: CommaList[Annotated[str, AfterValidator(_row_spec)]] = Field(
+        ["cloud:h264", "split-accumulate:int4+zstd:w32"],
+        description="Comma-separated MODE[:CODEC][:wWIDTH]: CODEC is cloud's observation codec or split modes' "
+        "activation (and gradient) codec; WIDTH the encoder width.",
+    )
+    seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
+    frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")
+    segment_frames: int = Field(
+        250_000, ge=1, description="Env frames per segment; each segment ends with an evaluation and can be resumed."
+    )
+    eval_episodes: int = Field(
+        20, ge=1, description="Unseen episodes per evaluation (the final one plays --final-episodes)."
+    )
+    final_episodes: int = Field(100, ge=1, description="Unseen episodes of each run's final evaluation.")
+    out: Path = Field(Path("runs/bench-learning"), description="Output directory: runs/, learning.md, .json, PNG.")

@@ -20,6 +20,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 ENV_PREFIX = "SPLITRL_"
+#: Where add_config_argument's `--config` lands: not "config", which a settings model may use as a field.
+CONFIG_DEST = "config_file"
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -72,6 +74,7 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
     """`--config FILE`: settings from a YAML file, below flags and environment variables."""
     parser.add_argument(
         "--config",
+        dest=CONFIG_DEST,
         type=Path,
         metavar="FILE",
         default=None,
@@ -111,8 +114,8 @@ def to_argv(values: Mapping[str, Any]) -> list[str]:
 def given_values(model: type[BaseModel], namespace: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """The values set by flags, SPLITRL_* variables or the `--config` file (in that precedence); no defaults."""
     values: dict[str, Any] = {}
-    if hasattr(namespace, "config"):  # only commands that take --config read SPLITRL_CONFIG
-        config = namespace.config or environ.get(env_name("config"))
+    if hasattr(namespace, CONFIG_DEST):  # only commands that take --config read SPLITRL_CONFIG
+        config = getattr(namespace, CONFIG_DEST) or environ.get(env_name("config"))
         values = load_config(Path(config), model) if config else {}
     for name in model.model_fields:
         if hasattr(namespace, name):

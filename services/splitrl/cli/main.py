@@ -1,5 +1,5 @@
 """`splitrl`: run one service (`serve SERVICE`), train locally (`up`, `up --resume RUN_DIR`), play a trained
-agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark (`bench network|framing|throughput`)
+agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark (`bench network|framing|learning|throughput`)
 or report on runs (`report RUN_DIR...`)."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _benches() -> dict[str, tuple[Any, str]]:
     """`splitrl bench NAME`: its settings class and help line (settings modules are light to import)."""
     from splitrl.bench.framing import FramingSettings
-    from splitrl.bench.settings import NetworkBenchSettings, ThroughputBenchSettings
+    from splitrl.bench.settings import LearningBenchSettings, NetworkBenchSettings, ThroughputBenchSettings
 
     return {
         "network": (
@@ -129,6 +129,10 @@ def _benches() -> dict[str, tuple[Any, str]]:
         "framing": (
             FramingSettings,
             "WAN counters vs kernel bytes on a veth between an edge and a cloud namespace (root).",
+        ),
+        "learning": (
+            LearningBenchSettings,
+            "Train rows x seeds to a frame budget in resumable segments with evaluations; return vs frames and bytes.",
         ),
         "throughput": (
             ThroughputBenchSettings,
@@ -227,12 +231,14 @@ def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.bench.framing import run_framing_bench
+    from splitrl.bench.learning import run_learning_bench
     from splitrl.bench.network import run_network_bench
     from splitrl.bench.throughput import run_throughput_bench
 
     runners: dict[str, Callable[[Any], int]] = {
         "network": run_network_bench,
         "framing": run_framing_bench,
+        "learning": run_learning_bench,
         "throughput": run_throughput_bench,
     }
     settings_cls, _ = _benches()[args.bench]

@@ -1,0 +1,175 @@
+"""`splitrl bench learning`: rows x seeds trained to a frame budget, resumably, with evaluations on the way.
+
+Each (row, seed) is a run directory OUT/runs/<row>_seed<seed> trained by
+`splitrl up` in segments of --segment-frames; each segment ends with
+`splitrl eval` on unseen episodes. Interrupt it at any time: rerunning the same
+command resumes every run from its checkpoints (`up --resume`) and skips the
+segments and evaluations already done. Frames are agent steps x action repeat.
+The table (learning.md, learning.json) and figure (learning.png) go to OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from splitrl.bench.settings import LearningBenchSettings
+from splitrl.cli import run_dir as run_dir_files
+from splitrl.cli.args import load_config, to_argv
+from splitrl.cli.plots import mean_return_between
+
+
+@dataclass(frozen=True)
+class Row:
+    """One row: a mode, its codec (cloud: observation codec; split: activation and gradient codec), a width."""
+
+    spec: str
+
+    @property
+    def slug(self) -> str:
+        return self.spec.replace(":", "_").replace("+", "-")
+
+    def up_flags(self) -> dict[str, Any]:
+        mode, *rest = self.spec.split(":")
+        flags: dict[str, Any] = {"mode": mode}
+        for part in rest:
+            if part.startswith("w") and part[1:].isdigit():
+                flags["width"] = int(part[1:])
+            elif mode == "cloud":
+                flags["codec"] = part
+            else:
+                flags["activation_codec"] = flags["gradient_codec"] = part
+        return flags
+
+
+def _splitrl(*args: str) -> list[str]:
+    return [sys.executable, "-m", "splitrl.cli.main", *args]
+
+
+def _action_repeat(settings: LearningBenchSettings) -> int:
+    from splitrl.cli.up import UpSettings
+
+    return int(UpSettings.model_validate(load_config(settings.config, UpSettings)).action_repeat)
+
+
+def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, repeat: int) -> None:
+    """Bring one run to the frame budget, segment by segment, each followed by an evaluation."""
+    total_steps = -(-settings.frames // repeat)
+    segment_steps = max(1, settings.segment_frames // repeat)
+    while True:
+        curve = run_dir_files.load_curve(run_dir)
+        done = int(curve[-1]["env_steps"]) if curve else 0
+        evaluated = {e.get("env_steps") for e in run_dir_files.load_evals(run_dir)}
+        if curve and done not in evaluated:
+            episodes = settings.final_episodes if done >= total_steps else settings.eval_episodes
+            _call(_splitrl("eval", str(run_dir), "--episodes", str(episodes)), f"eval {run_dir}")
+            continue
+        if done >= total_steps:
+            return
+        target = min(total_steps, (done // segment_steps + 1) * segment_steps)
+        if (run_dir / run_dir_files.SETTINGS_FILE).exists():
+            command = _splitrl("up", "--resume", str(run_dir), "--steps", str(target))
+        else:
+            flags = {**row.up_flags(), "seed": seed, "steps": target, "run_dir": run_dir}
+            command = _splitrl("up", "--config", str(settings.config), *to_argv(flags))
+        print(f"  {row.spec} seed {seed}: training to {target * repeat:,} frames", flush=True)
+        _call(command, f"up {run_dir}", quiet=True)
+
+
+def _call(command: list[str], what: str, quiet: bool = False) -> None:
+    finished = subprocess.run(command, stdout=subprocess.DEVNULL if quiet else None)
+    if finished.returncode != 0:
+        raise RuntimeError(f"{what} failed with exit code {finished.returncode}")
+
+
+def run_learning_bench(settings: LearningBenchSettings) -> int:
+    """Train (or resume) every row x seed, then write the table and figure; returns a process exit code."""
+    try:
+        repeat = _action_repeat(settings)
+    except ValueError as error:
+        print(f"splitrl bench learning: {error}", file=sys.stderr)
+        return 2
+    rows = [Row(spec) for spec in settings.rows]
+    print(
+        f"learning bench: {len(rows)} rows x {len(settings.seeds)} seeds, {settings.frames:,} frames each "
+        f"(action repeat {repeat}), recipe {settings.config}"
+    )
+    results = []
+    for row in rows:
+        for seed in settings.seeds:
+            run_dir = settings.out / "runs" / f"{row.slug}_seed{seed}"
+            started = time.monotonic()
+            try:
+                train(settings, row, seed, run_dir, repeat)
+            except KeyboardInterrupt:
+                print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+                return 130
+            except RuntimeError as error:
+                print(f"{row.spec} seed {seed}: {error}; see {run_dir / 'logs'}", file=sys.stderr)
+                return 1
+            results.append(summarize_run(row.spec, seed, run_dir, repeat))
+            print(f"  {row.spec} seed {seed}: done ({time.monotonic() - started:.0f} s this call)")
+    for path in write_learning_report(results, settings.out):
+        print(f"wrote {path}")
+    print((settings.out / "learning.md").read_text())
+    return 0
+
+
+def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int) -> dict[str, Any]:
+    """One table row: frames, wall time, WAN bytes, training return at the end, and the evaluations."""
+    curve = run_dir_files.load_curve(run_dir)
+    evals = run_dir_files.load_evals(run_dir)
+    last = curve[-1] if curve else run_dir_files.zero_point()
+    steps = last["env_steps"]
+    final_train, _ = mean_return_between(curve, 0.8 * steps, steps)
+    return {
+        "row": spec,
+        "seed": seed,
+        "run_dir": str(run_dir),
+        "action_repeat": repeat,
+        "frames": int(steps * repeat),
+        "wall_seconds": last["seconds"],
+        "wan_bytes": last["wan_bytes"],
+        "wan_bytes_per_frame": last["wan_bytes"] / (steps * repeat) if steps else None,
+        "train_return_last_20pct": final_train,
+        "curve": curve,
+        "evals": [
+            {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
+            | {"frames": e["env_steps"] * repeat}
+            for e in evals
+            if e.get("env_steps") is not None
+        ],
+    }
+
+
+def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
+    from splitrl.bench.learning_plots import plot_learning
+
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "| row | seed | env frames | wall min | WAN bytes | WAN B/frame | train return (last 20%) "
+        "| final eval: episodes | mean | IQM | std |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in results:
+        final = r["evals"][-1] if r["evals"] else None
+        train = "n/a" if r["train_return_last_20pct"] is None else f"{r['train_return_last_20pct']:.1f}"
+        evaluation = (
+            "| n/a | | | |"
+            if final is None
+            else f"| {final['episodes']} | {final['mean']:.1f} | {final['iqm']:.1f} | {final['std']:.1f} |"
+        )
+        per_frame = "n/a" if r["wan_bytes_per_frame"] is None else f"{r['wan_bytes_per_frame']:.1f}"
+        lines.append(
+            f"| {r['row']} | {r['seed']} | {r['frames']:,} | {r['wall_seconds'] / 60:.1f} | {r['wan_bytes']:,.0f} "
+            f"| {per_frame} | {train} {evaluation}"
+        )
+    (out / "learning.md").write_text("\n".join(lines) + "\n")
+    without_curves = [{k: v for k, v in r.items() if k != "curve"} for r in results]
+    (out / "learning.json").write_text(json.dumps(without_curves, indent=2))
+    return [out / "learning.md", out / "learning.json", plot_learning(results, out / "learning.png")]

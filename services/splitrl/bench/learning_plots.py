@@ -1,0 +1,61 @@
+"""The learning bench's figure: return vs env frames, and vs cumulative WAN bytes, per row and seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from splitrl.cli.plots import curve_bins
+
+
+def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
+    """Lines: training return (bins of finished episodes); diamonds: evaluations (mean +- std) on unseen
+    episodes. One colour per row; each seed is its own line."""
+    fig = Figure(figsize=(14, 5.5), layout="constrained")
+    FigureCanvasAgg(fig)
+    by_frames, by_bytes = fig.subplots(1, 2, sharey=True)
+    colours = {row: f"C{i}" for i, row in enumerate(dict.fromkeys(r["row"] for r in results))}
+    for r in results:
+        repeat, curve, colour = r["action_repeat"], r["curve"], colours[r["row"]]
+        bins = curve_bins(curve)
+        wan_at = _wan_bytes_at(curve)
+        label = f"{r['row']} seed {r['seed']}"
+        if bins:
+            steps, returns = zip(*bins, strict=True)
+            frames = [s * repeat for s in steps]
+            by_frames.plot(frames, returns, color=colour, alpha=0.5, lw=1, label=f"{label} (train)")
+            by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
+        if r["evals"]:
+            evals = r["evals"]
+            means, stds = [e["mean"] for e in evals], [e["std"] for e in evals]
+            style = {"yerr": stds, "fmt": "D", "color": colour, "capsize": 3}
+            by_frames.errorbar([e["frames"] for e in evals], means, label=f"{label} (eval)", **style)
+            by_bytes.errorbar([wan_at(e["env_steps"]) for e in evals], means, **style)
+    by_frames.set_xlabel("env frames")
+    by_frames.set_ylabel("episode return")
+    by_frames.set_title("Return vs env frames")
+    by_bytes.set_xlabel("cumulative WAN bytes (log)")
+    by_bytes.set_xscale("log")
+    by_bytes.set_title("Return vs WAN bytes sent")
+    for axes in (by_frames, by_bytes):
+        axes.grid(alpha=0.3)
+    if results:
+        by_frames.legend(fontsize=8, loc="upper left")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def _wan_bytes_at(curve: list[dict[str, float]]) -> Any:
+    """env step -> cumulative WAN bytes at the first curve point at or after it (the last point past the end)."""
+
+    def at(step: float) -> float:
+        for point in curve:
+            if point["env_steps"] >= step:
+                return max(point["wan_bytes"], 1.0)
+        return max(curve[-1]["wan_bytes"], 1.0) if curve else 1.0
+
+    return at

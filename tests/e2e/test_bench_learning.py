@@ -1,0 +1,48 @@
+"""`splitrl bench learning` on the fast env: segments with evaluations, a table and figure, and a resume."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from splitrl.cli import run_dir as run_dir_files
+
+pytestmark = pytest.mark.e2e
+
+
+def bench(tmp_path, frames: int) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "catch.yaml"
+    config.write_text("env: splitrl/Catch-v0\nframe_size: 36\nwidth: 256\nchunks_per_update: 4\ntls: plaintext\n")
+    command = [
+        sys.executable, "-m", "splitrl.cli.main", "bench", "learning", "--config", str(config),
+        "--rows", "cloud:frame", "--frames", str(frames), "--segment-frames", "600",
+        "--eval-episodes", "4", "--final-episodes", "6", "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=400)
+
+
+def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
+    first = bench(tmp_path, 1200)
+    assert first.returncode == 0, first.stdout + first.stderr
+    run_dir = tmp_path / "out" / "runs" / "cloud_frame_seed0"
+    evals = run_dir_files.load_evals(run_dir)
+    assert [e["env_steps"] for e in evals] == [600, 1200]
+    assert [e["episodes"] for e in evals] == [4, 6]  # the last segment's evaluation is the final one
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert "| cloud:frame | 0 | 1,200 |" in table
+    assert (tmp_path / "out" / "learning.png").stat().st_size > 0
+
+    again = bench(tmp_path, 1200)  # everything done: nothing is trained or evaluated again
+    assert again.returncode == 0 and "training to" not in again.stdout
+    assert len(run_dir_files.load_evals(run_dir)) == 2
+
+    extended = bench(tmp_path, 1800)
+    assert extended.returncode == 0, extended.stdout + extended.stderr
+    curve = run_dir_files.load_curve(run_dir)
+    assert curve[-1]["env_steps"] == 1800
+    assert [e["env_steps"] for e in run_dir_files.load_evals(run_dir)] == [600, 1200, 1800]
+    results = json.loads((tmp_path / "out" / "learning.json").read_text())
+    assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 3

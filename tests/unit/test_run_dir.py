@@ -1,0 +1,79 @@
+"""What a run directory keeps for `up --resume` and `eval`, the eval statistics, and the learning bench's rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitrl.bench.learning import Row
+from splitrl.bench.settings import LearningBenchSettings
+from splitrl.cli import run_dir as run_dir_files
+from splitrl.cli.evaluate import EvalSettings, summarize
+
+
+def point(steps: float, **extra: float) -> dict[str, float]:
+    return {**run_dir_files.zero_point(), "env_steps": steps, **extra}
+
+
+def test_curve_round_trips_and_a_line_cut_by_a_crash_ends_it(tmp_path):
+    run_dir_files.append_curve(tmp_path, point(10, episodes=1))
+    run_dir_files.append_curve(tmp_path, point(20, episodes=2))
+    with (tmp_path / run_dir_files.CURVE_FILE).open("a") as file:
+        file.write('{"env_steps": 30, "epis')  # killed mid-write
+    assert [p["env_steps"] for p in run_dir_files.load_curve(tmp_path)] == [10, 20]
+    assert run_dir_files.load_curve(tmp_path / "missing") == []
+
+
+def test_a_resumed_segment_is_shifted_by_the_last_point():
+    offset = point(100, episodes=5, return_sum=-2.5, updates=3, wan_bytes=1000, seconds=60)
+    shifted = run_dir_files.shifted(point(10, episodes=1, return_sum=1.0, wan_bytes=50, seconds=2), offset)
+    assert shifted == {
+        "env_steps": 110, "episodes": 6, "return_sum": -1.5, "updates": 3, "wan_bytes": 1050, "seconds": 62,
+    }  # fmt: skip
+
+
+def test_settings_must_exist_and_be_an_object(tmp_path):
+    with pytest.raises(ValueError, match="not a run directory"):
+        run_dir_files.load_settings(tmp_path)
+    (tmp_path / run_dir_files.SETTINGS_FILE).write_text("[1]")
+    with pytest.raises(ValueError, match="no settings object"):
+        run_dir_files.load_settings(tmp_path)
+    (tmp_path / run_dir_files.SETTINGS_FILE).write_text(json.dumps({"env": "x"}))
+    assert run_dir_files.load_settings(tmp_path) == {"env": "x"}
+
+
+def test_summarize_gives_mean_iqm_and_std():
+    stats = summarize([0.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 1000.0])
+    assert stats["mean"] == pytest.approx(132.5)
+    assert stats["iqm"] == 10.0  # the outliers at both ends are the quartiles left out
+    assert stats["min"] == 0.0 and stats["max"] == 1000.0
+    assert summarize([3.0])["iqm"] == 3.0 and summarize([3.0])["std"] == 0.0
+
+
+def test_eval_settings_refuse_a_file_that_is_not_a_video():
+    with pytest.raises(ValueError, match="mp4"):
+        EvalSettings(record="agent.gif")
+    assert EvalSettings(record="agent.MP4").record is not None
+
+
+@pytest.mark.parametrize(
+    ("spec", "flags"),
+    [
+        ("cloud", {"mode": "cloud"}),
+        ("cloud:h264", {"mode": "cloud", "codec": "h264"}),
+        (
+            "split-accumulate:int4+zstd:w32",
+            {"mode": "split-accumulate", "activation_codec": "int4+zstd", "gradient_codec": "int4+zstd", "width": 32},
+        ),
+    ],
+)
+def test_learning_rows_become_up_flags(spec, flags):
+    assert Row(spec).up_flags() == flags
+    assert "+" not in Row(spec).slug and ":" not in Row(spec).slug
+
+
+@pytest.mark.parametrize("rows", ["sideways:h264", "cloud:h264:32", "split:int8:w32:extra", "cloud:int8", "split:h264"])
+def test_bad_learning_rows_are_refused(rows):
+    with pytest.raises(ValueError, match="row"):
+        LearningBenchSettings(rows=rows)
