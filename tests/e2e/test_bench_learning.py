@@ -13,13 +13,13 @@ from splitrl.cli import run_dir as run_dir_files
 pytestmark = pytest.mark.e2e
 
 
-def bench(tmp_path, frames: int) -> subprocess.CompletedProcess[str]:
+def bench(tmp_path, frames: int, *extra: str) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "catch.yaml"
     config.write_text("env: splitrl/Catch-v0\nframe_size: 36\nwidth: 256\nchunks_per_update: 4\ntls: plaintext\n")
     command = [
         sys.executable, "-m", "splitrl.cli.main", "bench", "learning", "--config", str(config),
         "--rows", "cloud:frame", "--frames", str(frames), "--segment-frames", "600",
-        "--eval-episodes", "4", "--final-episodes", "6", "--out", str(tmp_path / "out"),
+        "--eval-episodes", "4", "--final-episodes", "6", "--out", str(tmp_path / "out"), *extra,
     ]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=400)
 
@@ -46,3 +46,17 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert [e["env_steps"] for e in run_dir_files.load_evals(run_dir)] == [600, 1200, 1800]
     results = json.loads((tmp_path / "out" / "learning.json").read_text())
     assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 3
+
+
+def test_the_stable_baselines3_reference_trains_beside_splitrl(tmp_path):
+    result = bench(tmp_path, 1280, "--sb3-reference")
+    assert result.returncode == 0, result.stdout + result.stderr
+    run_dir = tmp_path / "out" / "runs" / "sb3-ppo_seed0"
+    curve = run_dir_files.load_curve(run_dir)
+    assert curve[-1]["env_steps"] >= 1280 and curve[-1]["episodes"] > 0 and curve[-1]["updates"] >= 1
+    evals = run_dir_files.load_evals(run_dir)
+    # SB3 trains whole rollouts of 128 steps: segments of 600 frames end at 640 and 1,280.
+    assert [(e["env_steps"], e["episodes"]) for e in evals] == [(640, 4), (1280, 6)]
+    table = (tmp_path / "out" / "learning.md").read_text()
+    assert "| sb3-ppo | 0 |" in table and "n/a (one process)" in table
+    assert "| cloud:frame | 0 |" in table

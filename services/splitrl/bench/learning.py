@@ -81,6 +81,22 @@ def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, r
         _call(command, f"up {run_dir}", quiet=True)
 
 
+def train_reference(settings: LearningBenchSettings, seed: int, run_dir: Path, repeat: int) -> None:
+    """The Stable-Baselines3 PPO row on the recipe's cloud settings (splitrl.bench.sb3_reference)."""
+    from splitrl.bench.sb3_reference import train_sb3
+    from splitrl.cli.up import UpSettings
+
+    recipe = UpSettings.model_validate({**load_config(settings.config, UpSettings), "seed": seed})
+    train_sb3(
+        run_dir,
+        recipe,
+        total_steps=-(-settings.frames // repeat),
+        segment_steps=max(1, settings.segment_frames // repeat),
+        eval_episodes=settings.eval_episodes,
+        final_episodes=settings.final_episodes,
+    )
+
+
 def _call(command: list[str], what: str, quiet: bool = False) -> None:
     finished = subprocess.run(command, stdout=subprocess.DEVNULL if quiet else None)
     if finished.returncode != 0:
@@ -114,14 +130,29 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
                 return 1
             results.append(summarize_run(row.spec, seed, run_dir, repeat))
             print(f"  {row.spec} seed {seed}: done ({time.monotonic() - started:.0f} s this call)")
+    if settings.sb3_reference:
+        for seed in settings.seeds:
+            run_dir = settings.out / "runs" / f"sb3-ppo_seed{seed}"
+            try:
+                train_reference(settings, seed, run_dir, repeat)
+            except KeyboardInterrupt:
+                print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+                return 130
+            except ValueError as error:
+                print(f"splitrl bench learning: {error}", file=sys.stderr)
+                return 2
+            results.append(summarize_run("sb3-ppo", seed, run_dir, repeat, networked=False))
     for path in write_learning_report(results, settings.out):
         print(f"wrote {path}")
     print((settings.out / "learning.md").read_text())
     return 0
 
 
-def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int) -> dict[str, Any]:
-    """One table row: frames, wall time, WAN bytes, training return at the end, and the evaluations."""
+def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: bool = True) -> dict[str, Any]:
+    """One table row: frames, wall time, WAN bytes, training return at the end, and the evaluations.
+
+    `networked=False` (a one-process reference peer): no WAN bytes to report, None instead of 0.
+    """
     curve = run_dir_files.load_curve(run_dir)
     evals = run_dir_files.load_evals(run_dir)
     last = curve[-1] if curve else run_dir_files.zero_point()
@@ -134,8 +165,8 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int) -> dict[str,
         "action_repeat": repeat,
         "frames": int(steps * repeat),
         "wall_seconds": last["seconds"],
-        "wan_bytes": last["wan_bytes"],
-        "wan_bytes_per_frame": last["wan_bytes"] / (steps * repeat) if steps else None,
+        "wan_bytes": last["wan_bytes"] if networked else None,
+        "wan_bytes_per_frame": last["wan_bytes"] / (steps * repeat) if steps and networked else None,
         "train_return_last_20pct": final_train,
         "curve": curve,
         "evals": [
@@ -165,8 +196,9 @@ def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path
             else f"| {final['episodes']} | {final['mean']:.1f} | {final['iqm']:.1f} | {final['std']:.1f} |"
         )
         per_frame = "n/a" if r["wan_bytes_per_frame"] is None else f"{r['wan_bytes_per_frame']:.1f}"
+        wan = "n/a (one process)" if r["wan_bytes"] is None else f"{r['wan_bytes']:,.0f}"
         lines.append(
-            f"| {r['row']} | {r['seed']} | {r['frames']:,} | {r['wall_seconds'] / 60:.1f} | {r['wan_bytes']:,.0f} "
+            f"| {r['row']} | {r['seed']} | {r['frames']:,} | {r['wall_seconds'] / 60:.1f} | {wan} "
             f"| {per_frame} | {train} {evaluation}"
         )
     (out / "learning.md").write_text("\n".join(lines) + "\n")

@@ -13,7 +13,8 @@ from splitrl.cli.plots import curve_bins
 
 def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
     """Lines: training return (bins of finished episodes); diamonds: evaluations (mean +- std) on unseen
-    episodes. One colour per row; each seed is its own line."""
+    episodes. One colour per row; each seed is its own line. Rows without WAN bytes (a one-process
+    reference peer) are left out of the bytes panel."""
     fig = Figure(figsize=(14, 5.5), layout="constrained")
     FigureCanvasAgg(fig)
     by_frames, by_bytes = fig.subplots(1, 2, sharey=True)
@@ -27,13 +28,15 @@ def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
             steps, returns = zip(*bins, strict=True)
             frames = [s * repeat for s in steps]
             by_frames.plot(frames, returns, color=colour, alpha=0.5, lw=1, label=f"{label} (train)")
-            by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
+            if r["wan_bytes"] is not None:
+                by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
         if r["evals"]:
             evals = r["evals"]
             means, stds = [e["mean"] for e in evals], [e["std"] for e in evals]
             style = {"yerr": stds, "fmt": "D", "color": colour, "capsize": 3}
             by_frames.errorbar([e["frames"] for e in evals], means, label=f"{label} (eval)", **style)
-            by_bytes.errorbar([wan_at(e["env_steps"]) for e in evals], means, **style)
+            if r["wan_bytes"] is not None:
+                by_bytes.errorbar([wan_at(e["env_steps"]) for e in evals], means, **style)
     by_frames.set_xlabel("env frames")
     by_frames.set_ylabel("episode return")
     by_frames.set_title("Return vs env frames")

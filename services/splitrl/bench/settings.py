@@ -151,3 +151,8 @@ class LearningBenchSettings(Settings):
     )
     final_episodes: int = Field(100, ge=1, description="Unseen episodes of each run's final evaluation.")
     out: Path = Field(Path("runs/bench-learning"), description="Output directory: runs/, learning.md, .json, PNG.")
+    sb3_reference: bool = Field(
+        False,
+        description="Also train Stable-Baselines3 PPO on the same env, recipe and frames per seed (row sb3-ppo; "
+        "needs the sb3 extra).",
+    )

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import av
 import gymnasium as gym
@@ -134,12 +135,30 @@ def run_video_settings(run: UpSettings) -> VideoSettings:
     return VideoSettings.model_validate({name: getattr(run, name) for name in VideoSettings.model_fields})
 
 
+class Actor(Protocol):
+    """What plays an evaluation episode: splitrl's Agent, or a reference peer's policy."""
+
+    version: int  # the policy version (learner updates) being evaluated
+
+    def start_episode(self) -> None: ...
+
+    def act(self, frame: np.ndarray, deterministic: bool) -> Any: ...
+
+
 def evaluate(run_dir: Path, settings: EvalSettings) -> dict[str, Any]:
-    """Play `settings.episodes` episodes; append the result to RUN_DIR/evals.jsonl and return it."""
-    torch.set_num_threads(settings.torch_threads)
+    """Play `settings.episodes` episodes with the run's agent; append the result to RUN_DIR/evals.jsonl."""
     run = run_settings(run_dir)
+    return evaluate_actor(run_dir, run, lambda spec: Agent(run_dir, run, spec), settings)
+
+
+def evaluate_actor(
+    run_dir: Path, run: UpSettings, make_actor: Callable[[ActionSpec], Actor], settings: EvalSettings
+) -> dict[str, Any]:
+    """Play `settings.episodes` episodes of `run`'s env with the actor; append the result to RUN_DIR/evals.jsonl
+    at the env steps of the run's curve, and return it."""
+    torch.set_num_threads(settings.torch_threads)
     env = _make_env(run, film=settings.record is not None)
-    agent = Agent(run_dir, run, action_spec_from_space(env.action_space))
+    actor = make_actor(action_spec_from_space(env.action_space))
     recorder = Recorder(settings.record, run, env) if settings.record is not None else None
     returns, lengths = [], []
     started = time.monotonic()
@@ -147,7 +166,7 @@ def evaluate(run_dir: Path, settings: EvalSettings) -> dict[str, Any]:
         for k in range(settings.episodes):
             filming = recorder is not None and k < settings.record_episodes
             episode_return, length = play_episode(
-                env, agent, EVAL_SEED_BASE + settings.seed + k, settings.deterministic, recorder if filming else None
+                env, actor, EVAL_SEED_BASE + settings.seed + k, settings.deterministic, recorder if filming else None
             )
             returns.append(episode_return)
             lengths.append(length)
@@ -158,7 +177,7 @@ def evaluate(run_dir: Path, settings: EvalSettings) -> dict[str, Any]:
     curve = run_dir_files.load_curve(run_dir)
     result = {
         "env_steps": curve[-1]["env_steps"] if curve else None,
-        "policy_version": agent.version,
+        "policy_version": actor.version,
         "episodes": len(returns),
         "deterministic": settings.deterministic,
         "first_seed": EVAL_SEED_BASE + settings.seed,
@@ -183,7 +202,7 @@ def _make_env(run: UpSettings, film: bool) -> gym.Env[Any, Any]:
 
 
 def play_episode(
-    env: gym.Env[Any, Any], agent: Agent, seed: int, deterministic: bool, recorder: Recorder | None
+    env: gym.Env[Any, Any], agent: Actor, seed: int, deterministic: bool, recorder: Recorder | None
 ) -> tuple[float, int]:
     """(return, agent steps) of one episode reset with `seed`."""
     frame, _ = env.reset(seed=seed)

@@ -1,0 +1,186 @@
+"""The peer users already trust, beside splitrl: Stable-Baselines3 PPO on the same env, recipe and frame budget.
+
+`splitrl bench learning --sb3-reference` trains it as one more row (`sb3-ppo`),
+in the same run-directory layout (settings.json, curve.jsonl, evals.jsonl), so
+its curve, evaluations and table row come out as splitrl's do. Stable-Baselines3
+is an optional extra (`pip install "splitrl[sb3]"`), imported only here.
+
+What is the same as splitrl's cloud mode: the env (splitrl.core.envs.make_env:
+gray, resized, the fast action repeat), the frame stack, the network (Nature
+CNN, a 512-unit layer, linear actor and critic heads, orthogonal init), and the
+PPO recipe: rollout = unroll_length x chunks_per_update agent steps, the same
+minibatches, epochs, learning rate, gamma, GAE lambda, clip 0.2, entropy and
+value weights, gradient clip 0.5, per-minibatch advantage normalisation, Adam
+eps 1e-5, and reward_scale (applied after SB3's Monitor, which records the
+unscaled returns). What differs: SB3 steps and trains in turn in one process
+(splitrl trains while it acts, so its data is up to ~2 updates old);
+VecFrameStack starts an episode's stack with zeros where splitrl repeats the
+first frame; and cloud mode's frames cross H.264 while SB3 sees them raw.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from splitrl.cli import run_dir as run_dir_files
+from splitrl.cli.evaluate import EvalSettings, evaluate_actor
+from splitrl.cli.up import UpSettings
+from splitrl.core.envs import make_env
+from splitrl.core.models import ActionSpec
+
+ROW = "sb3-ppo"
+MODEL_FILE = "sb3_ppo.zip"
+
+
+def _require_sb3() -> Any:
+    try:
+        import stable_baselines3
+    except ImportError:
+        raise ValueError(
+            "--sb3-reference needs Stable-Baselines3, an optional extra: pip install 'splitrl[sb3]'"
+        ) from None
+    return stable_baselines3
+
+
+def _vector_env(run: UpSettings, seed: int) -> Any:
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
+
+    def make(index: int) -> Any:
+        def build() -> gym.Env[Any, Any]:
+            env = make_env(run.env, run.env_kwargs, run.frame_size, run.action_repeat)
+            env = gym.wrappers.ReshapeObservation(env, (run.frame_size, run.frame_size, 1))  # SB3 wants H, W, C
+            env = Monitor(env)  # records the unscaled episode return
+            env = gym.wrappers.TransformReward(env, lambda reward: float(reward) * run.reward_scale)
+            env.reset(seed=seed + index)
+            return env
+
+        return build
+
+    vector = DummyVecEnv([make(i) for i in range(run.num_envs)])
+    vector.seed(seed)
+    return VecFrameStack(vector, n_stack=run.frame_stack, channels_order="last")
+
+
+def _new_model(run: UpSettings, venv: Any, seed: int) -> Any:
+    from stable_baselines3 import PPO
+
+    rollout = run.unroll_length * run.chunks_per_update
+    if rollout % run.num_envs:
+        raise ValueError(
+            f"unroll_length x chunks_per_update ({rollout}) must be a multiple of num_envs ({run.num_envs})"
+        )
+    return PPO(
+        "CnnPolicy",
+        venv,
+        n_steps=rollout // run.num_envs,
+        batch_size=rollout // run.minibatches,
+        n_epochs=run.epochs,
+        learning_rate=run.learning_rate,
+        gamma=run.gamma,
+        gae_lambda=run.gae_lambda,
+        clip_range=0.2,
+        ent_coef=run.entropy_coef,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
+
+
+def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
+    """Collects cumulative curve points as `splitrl up` writes them (no WAN bytes: one process), in `.points`."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class CurveLogger(BaseCallback):  # type: ignore[misc]
+        def _on_training_start(self) -> None:
+            self.point = dict(offset)
+            self.points: list[dict[str, float]] = []
+            self.clock = time.perf_counter() - offset["seconds"]
+
+        def _on_step(self) -> bool:
+            for info in self.locals["infos"]:
+                if "episode" in info:
+                    self.point["episodes"] += 1
+                    self.point["return_sum"] += float(info["episode"]["r"])
+            self.point["env_steps"] = float(self.model.num_timesteps)
+            if not self.points or self.point["env_steps"] - self.points[-1]["env_steps"] >= every_steps:
+                self._take()
+            return True
+
+        def _on_rollout_end(self) -> None:
+            self.point["updates"] += 1  # the update that follows this rollout
+
+        def _on_training_end(self) -> None:
+            self._take()
+
+        def _take(self) -> None:
+            self.point["seconds"] = round(time.perf_counter() - self.clock, 3)
+            self.points.append(dict(self.point))
+
+    return CurveLogger()
+
+
+class _SB3Actor:
+    """An SB3 policy behind splitrl's evaluation loop; stacks frames as VecFrameStack does (zeros first)."""
+
+    def __init__(self, model: Any, run: UpSettings) -> None:
+        self.model, self.run = model, run
+        self.version = int(model.num_timesteps // (run.unroll_length * run.chunks_per_update))
+
+    def start_episode(self) -> None:
+        size = self.run.frame_size
+        self.stack = np.zeros((1, size, size, self.run.frame_stack), dtype=np.uint8)
+
+    def act(self, frame: np.ndarray, deterministic: bool) -> Any:
+        self.stack = np.roll(self.stack, -1, axis=-1)
+        self.stack[0, :, :, -1] = frame
+        action, _ = self.model.predict(self.stack, deterministic=deterministic)
+        return int(action[0]) if np.ndim(action[0]) == 0 else action[0]
+
+
+def _same(actor: _SB3Actor, _: ActionSpec) -> _SB3Actor:
+    return actor
+
+
+def train_sb3(
+    run_dir: Path, run: UpSettings, total_steps: int, segment_steps: int, eval_episodes: int, final_episodes: int
+) -> None:
+    """Bring the SB3 row to `total_steps` agent steps in segments, each saved and evaluated (resumable)."""
+    sb3 = _require_sb3()
+    torch.set_num_threads(run.torch_threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir_files.save_settings(run_dir, run.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
+    model_path = run_dir / "checkpoints" / MODEL_FILE
+    while True:
+        curve = run_dir_files.load_curve(run_dir)
+        offset = curve[-1] if curve else run_dir_files.zero_point()
+        done = int(offset["env_steps"])
+        if curve and done not in {e.get("env_steps") for e in run_dir_files.load_evals(run_dir)}:
+            actor = _SB3Actor(sb3.PPO.load(model_path, device="cpu"), run)
+            episodes = final_episodes if done >= total_steps else eval_episodes
+            settings = EvalSettings.model_validate({"episodes": episodes})
+            evaluate_actor(run_dir, run, partial(_same, actor), settings)
+            continue
+        if done >= total_steps:
+            return
+        target = min(total_steps, (done // segment_steps + 1) * segment_steps)
+        venv = _vector_env(run, run.seed + done)  # a resumed run plays tracks it has not played yet
+        model = sb3.PPO.load(model_path, env=venv, device="cpu") if model_path.exists() else None
+        model = model or _new_model(run, venv, run.seed)
+        print(f"  {ROW} seed {run.seed}: training to {target * run.action_repeat:,} frames", flush=True)
+        curve_logger = _curve_callback(offset, every_steps=run.unroll_length * run.chunks_per_update)
+        model.learn(target - done, callback=curve_logger, reset_num_timesteps=False)
+        model_path.parent.mkdir(parents=True, exist_ok=True)
+        model.save(model_path)
+        for point in curve_logger.points:  # after the save, so a run killed mid-segment resumes consistently
+            run_dir_files.append_curve(run_dir, point)
+        venv.close()
