@@ -97,6 +97,27 @@ def test_plot_run_writes_a_png(tmp_path: Path, curve: list[dict[str, float]]):
     _assert_png(out)
 
 
+def test_evaluations_are_drawn_on_the_curve(tmp_path: Path):
+    evaluations = [
+        {"env_steps": 10_000.0, "mean": 20.0, "std": 5.0},
+        {"env_steps": 20_000.0, "mean": 45.0, "std": 3.0},
+        {"env_steps": None, "mean": 0.0, "std": 0.0},  # a run evaluated before it had a curve: not placed
+    ]
+    plain = plot_run(_summary(_rising_curve()), tmp_path / "plain.png")
+    with_evals = plot_run(_summary(_rising_curve()), tmp_path / "evals.png", evaluations)
+    _assert_png(with_evals)
+    assert not np.array_equal(imread(plain), imread(with_evals)), "the evaluation markers must show"
+
+
+def test_splitrl_plot_draws_the_run_dirs_evaluations(tmp_path: Path):
+    (tmp_path / "summary.json").write_text(json.dumps(_summary(_rising_curve())))
+    assert main(["plot", str(tmp_path)]) == 0
+    before = imread(tmp_path / "learning.png")
+    (tmp_path / "evals.jsonl").write_text(json.dumps({"env_steps": 10_000.0, "mean": 20.0, "std": 5.0}) + "\n")
+    assert main(["plot", str(tmp_path)]) == 0
+    assert not np.array_equal(before, imread(tmp_path / "learning.png"))
+
+
 def test_plot_run_without_links_or_settings(tmp_path: Path):
     _assert_png(plot_run({"curve": _rising_curve()}, tmp_path / "bare.png"))
 
