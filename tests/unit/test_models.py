@@ -116,3 +116,21 @@ def test_action_spec_rejects_bad_values(kwargs, message):
 def test_action_spec_rejects_an_unknown_kind():
     with pytest.raises(ValueError, match="kind"):
         ActionSpec("Discrete", 3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("width", [32, 4096])
+def test_a_layernorm_bottleneck_bounds_activations_whatever_the_weights(width):
+    torch.manual_seed(0)
+    encoder = Encoder(4, 96, width, bottleneck="layernorm")
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            parameter.mul_(1000.0)  # an encoder trained into huge activations
+        activations = encoder(torch.randint(0, 256, (8, 4, 96, 96), dtype=torch.uint8))
+    assert activations.shape == (8, width)
+    assert activations.abs().max() <= (width - 1) ** 0.5 + 1e-3
+    assert torch.allclose(activations.mean(dim=1), torch.zeros(8), atol=1e-4)
+
+
+def test_an_unknown_bottleneck_is_refused():
+    with pytest.raises(ValueError, match="'tanh'"):
+        Encoder(4, 96, 32, bottleneck="tanh")  # type: ignore[arg-type]

@@ -66,6 +66,10 @@ def test_eval_settings_refuse_a_file_that_is_not_a_video():
             "split-accumulate:int4+zstd:w32",
             {"mode": "split-accumulate", "activation_codec": "int4+zstd", "gradient_codec": "int4+zstd", "width": 32},
         ),
+        (
+            "split:int8:layernorm",
+            {"mode": "split", "activation_codec": "int8", "gradient_codec": "int8", "bottleneck": "layernorm"},
+        ),
     ],
 )
 def test_learning_rows_become_up_flags(spec, flags):
@@ -73,7 +77,12 @@ def test_learning_rows_become_up_flags(spec, flags):
     assert "+" not in Row(spec).slug and ":" not in Row(spec).slug
 
 
-@pytest.mark.parametrize("rows", ["sideways:h264", "cloud:h264:32", "split:int8:w32:extra", "cloud:int8", "split:h264"])
+BAD_ROWS = [
+    "sideways:h264", "cloud:h264:32", "split:int8:w32:extra", "split:int8:w32:relu:w8", "cloud:int8", "split:h264",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("rows", BAD_ROWS)
 def test_bad_learning_rows_are_refused(rows):
     with pytest.raises(ValueError, match="row"):
         LearningBenchSettings(rows=rows)

@@ -17,7 +17,6 @@ import torch
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.core.envs import action_spec_from_space, make_vector_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.models import ModelConfig
 from splitrl.inference.policy import Policy
 
 
@@ -57,7 +56,7 @@ def run_baseline(settings: ThroughputBenchSettings) -> BaselineResult:
     envs = make_vector_env(settings.env, settings.env_kwargs, n, settings.frame_size, action_repeat=1)
     try:
         spec = action_spec_from_space(envs.single_action_space)
-        model = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
+        model = settings.network_config()
         policy = Policy(cloud=True, model=model, action_spec=spec, seed=0)
         stacker = FrameStacker(n, settings.frame_stack, settings.frame_size, settings.frame_size)
         started = time.perf_counter()

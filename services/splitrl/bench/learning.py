@@ -16,17 +16,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.cli import run_dir as run_dir_files
 from splitrl.cli.args import load_config, to_argv
 from splitrl.cli.plots import mean_return_between
+from splitrl.core.models import Bottleneck
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row: a mode, its codec (cloud: observation codec; split: activation and gradient codec), a width."""
+    """One row: a mode, its codec (cloud: observation codec; split: activation and gradient codec), a width and
+    a bottleneck (each optional: the recipe's otherwise)."""
 
     spec: str
 
@@ -40,6 +42,8 @@ class Row:
         for part in rest:
             if part.startswith("w") and part[1:].isdigit():
                 flags["width"] = int(part[1:])
+            elif part in get_args(Bottleneck):
+                flags["bottleneck"] = part
             elif mode == "cloud":
                 flags["codec"] = part
             else:

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
+from splitrl.core.models import Bottleneck
 
 T = TypeVar("T")
 #: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.
@@ -117,14 +118,21 @@ class ThroughputBenchSettings(EnvSettings, Settings):
 
 
 def _row_spec(value: str) -> str:
-    """MODE[:CODEC][:wWIDTH] with a mode, codec and width splitrl up takes; ValueError quoting the row."""
+    """MODE[:CODEC][:wWIDTH][:BOTTLENECK] with values splitrl up takes; ValueError quoting the row."""
     mode, *rest = value.split(":")
-    if mode not in get_args(Mode) or len(rest) > 2:
-        raise ValueError(f"row {value!r}: expected MODE[:CODEC][:wWIDTH], e.g. cloud:h264 or split-accumulate:int4:w32")
+    if mode not in get_args(Mode) or len(rest) > 3:
+        raise ValueError(
+            f"row {value!r}: expected MODE[:CODEC][:wWIDTH][:BOTTLENECK], e.g. cloud:h264 or "
+            "split-accumulate:int4:w32:layernorm"
+        )
     codecs = get_args(ObservationCodec) if mode == "cloud" else get_args(FloatCodec)
     for part in rest:
-        if not (part in codecs or (part.startswith("w") and part[1:].isdigit() and int(part[1:]) >= 1)):
-            raise ValueError(f"row {value!r}: {part!r} is neither a {mode} codec ({', '.join(codecs)}) nor wWIDTH")
+        width = part.startswith("w") and part[1:].isdigit() and int(part[1:]) >= 1
+        if not (part in codecs or width or part in get_args(Bottleneck)):
+            raise ValueError(
+                f"row {value!r}: {part!r} is neither a {mode} codec ({', '.join(codecs)}), wWIDTH nor a bottleneck "
+                f"({', '.join(get_args(Bottleneck))})"
+            )
     return value
 
 
@@ -137,9 +145,9 @@ class LearningBenchSettings(Settings):
         description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codec, width.",
     )
     rows: CommaList[Annotated[str, AfterValidator(_row_spec)]] = Field(
-        ["cloud:h264", "split-accumulate:int4+zstd:w32"],
-        description="Comma-separated MODE[:CODEC][:wWIDTH]: CODEC is cloud's observation codec or split modes' "
-        "activation (and gradient) codec; WIDTH the encoder width.",
+        ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
+        description="Comma-separated MODE[:CODEC][:wWIDTH][:BOTTLENECK]: CODEC is cloud's observation codec or "
+        "split modes' activation (and gradient) codec; WIDTH the encoder width; BOTTLENECK relu or layernorm.",
     )
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
     frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")

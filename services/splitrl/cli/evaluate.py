@@ -33,7 +33,7 @@ from splitrl.core import checkpoint, wire
 from splitrl.core.config import Settings
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder, ModelConfig
+from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder
 from splitrl.core.video import VideoSettings, VideoStreamDecoder, VideoStreamEncoder
 
 EVAL_SEED_BASE = 1_000_000_000
@@ -67,7 +67,7 @@ class Agent:
 
     def __init__(self, run_dir: Path, run: UpSettings, action_spec: ActionSpec) -> None:
         self.run, self.action_spec = run, action_spec
-        model = ModelConfig(run.frame_stack, run.frame_size, run.width)
+        model = run.network_config()
         learner = _checkpoint(run_dir / "checkpoints" / "learner.pt")
         self.version = int(learner["version"])
         self.encoder: Encoder | None = None
@@ -75,7 +75,7 @@ class Agent:
         if run.mode == "cloud":
             self.network = ActorCritic(model, action_spec)
         else:
-            self.encoder = Encoder(model.frame_stack, model.frame_size, model.width)
+            self.encoder = model.encoder()
             edge = _checkpoint(run_dir / "checkpoints" / "edge-encoder" / "encoder.pt")
             self.encoder.load_state_dict(edge["encoder"])
             self.encoder.eval()

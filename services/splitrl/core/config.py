@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from splitrl.core.models import Bottleneck, ModelConfig
+
 Mode = Literal["cloud", "split", "split-accumulate"]
 #: How cloud mode sends observations over the WAN (DESIGN.md §3): the newest uint8 frame (stacked in the
 #: cloud), the same zstd-compressed, an H.264 video stream per env (the strongest: splitrl.core.video), or
@@ -88,6 +90,11 @@ class EnvSettings(Settings):
     width: int = Field(
         4096, ge=1, le=65536, description="Encoder activation width: numbers per step sent in split modes."
     )
+    bottleneck: Bottleneck = Field(
+        "relu",
+        description="Encoder's last layer: relu, or layernorm (rows normalised, |activation| <= sqrt(width - 1); "
+        "keeps a narrow split encoder from inflating its activations).",
+    )
 
     def env_flags(self) -> dict[str, Any]:
         """These settings as flag values for a child splitrl process (env_kwargs as its JSON text)."""
@@ -97,7 +104,12 @@ class EnvSettings(Settings):
             "frame_size": self.frame_size,
             "frame_stack": self.frame_stack,
             "width": self.width,
+            "bottleneck": self.bottleneck,
         }
+
+    def network_config(self) -> ModelConfig:
+        """The shapes edge and cloud must agree on."""
+        return ModelConfig(self.frame_stack, self.frame_size, self.width, self.bottleneck)
 
     @field_validator("env_kwargs", mode="before")
     @classmethod

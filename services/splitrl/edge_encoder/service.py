@@ -32,7 +32,6 @@ from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
-from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
@@ -59,7 +58,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
         torch.manual_seed(settings.seed)
-        self.encoder = Encoder(settings.frame_stack, settings.frame_size, settings.width).eval()
+        self.encoder = settings.network_config().encoder().eval()
         self.step_id_prefix = new_prefix()
         self._step_ids = itertools.count(first_id(self.step_id_prefix))
         self.store = ObservationStore(settings.observation_store_size)

@@ -23,7 +23,6 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.metrics import LinkMeter, Metrics
-from splitrl.core.models import ModelConfig
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.core.video import VideoDecodeError, VideoStreamDecoder
@@ -53,7 +52,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.meter = LinkMeter(metrics, "encoder-inference")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
-        self.model_config = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
+        self.model_config = settings.network_config()
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
         self.policy = Policy(settings.mode == "cloud", self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")

@@ -26,7 +26,7 @@ from splitrl.core import checkpoint, rpc, trajectory, weights
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
-from splitrl.core.models import ActorCritic, ActorCriticHead, ModelConfig
+from splitrl.core.models import ActorCritic, ActorCriticHead
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
@@ -63,7 +63,7 @@ class LearnerService:
         )
         self.replay_meter = LinkMeter(metrics, "replay-learner")
         torch.manual_seed(settings.seed)
-        model = ModelConfig(settings.frame_stack, settings.frame_size, settings.width)
+        model = settings.network_config()
         spec = action_spec_of(settings.env, settings.env_kwargs)
         if settings.mode == "cloud":
             self.edges: EdgeLinks | None = None
