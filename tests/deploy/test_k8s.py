@@ -401,6 +401,8 @@ def test_pods_are_hardened_and_bounded(manifest):
             resources = container.get("resources", {})
             for bound in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(resources.get(bound, {})), f"{where}: {bound}"
+        if pod.splitrl_containers:  # splitrl never calls the Kubernetes API: no service-account token mounted
+            assert pod.spec.get("automountServiceAccountToken") is False, f"{pod.app}: automountServiceAccountToken"
         volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
         for container in pod.splitrl_containers:
             # a read-only root needs somewhere to write: its own emptyDir /tmp
