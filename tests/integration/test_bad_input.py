@@ -112,6 +112,15 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
             ),
             "NaN",
         ),
+        (
+            # finite but absurd: bf16 2**121 once reached the value loss as -3.2e35 and made it infinite
+            lambda r: r.observations.CopyFrom(wire.encode(torch.full((2, WIDTH), 2.0**121), wire.DType.DTYPE_BFLOAT16)),
+            "beyond this link's bound 6.55e+04",
+        ),
+        (
+            lambda r: r.observations.CopyFrom(wire.encode_float(torch.full((2, WIDTH), 1e6), "int8")),
+            "|value| 1e+06",
+        ),
     ],
     ids=[
         "wrong-width",
@@ -125,6 +134,8 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         "inf-reward",
         "huge-step-id",
         "nan",
+        "absurd-bf16",
+        "absurd-int8-scale",
     ],
 )
 async def test_each_malformed_act_request_is_refused_clearly(cloud_side, mutate, fragment):
@@ -229,3 +240,26 @@ async def test_edge_encoder_passes_inference_status_through():
     finally:
         for host in (edge, inference, replay):
             await host.stop()
+
+
+async def test_a_layernorm_split_refuses_activations_beyond_sqrt_width():
+    replay = await start(ReplayService, ReplaySettings(tls="plaintext"))
+    inference = await start(
+        InferenceService,
+        InferenceSettings(
+            tls="plaintext", env=FAST_ENV, mode="split", bottleneck="layernorm", replay_address=address(replay)
+        ),
+    )
+    channel = rpc.insecure_channel(address(inference))
+    try:
+        healthy = act_request()
+        healthy.observations.CopyFrom(wire.encode_float(torch.randn(2, WIDTH).clamp(-60, 60), "bf16"))
+        assert wire.decode((await one_exchange(channel, healthy)).actions).shape == (2,)
+        inflated = act_request()  # a new stream: its sequence starts at 0 again
+        inflated.observations.CopyFrom(wire.encode_float(torch.full((2, WIDTH), 100.0), "bf16"))
+        details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, one_exchange(channel, inflated))
+        assert "bound 64.6" in details  # sqrt(4095) * 1.01
+    finally:
+        await channel.close()
+        await inference.stop()
+        await replay.stop()

@@ -95,6 +95,12 @@ class EnvSettings(Settings):
         description="Encoder's last layer: relu, or layernorm (rows normalised, |activation| <= sqrt(width - 1); "
         "keeps a narrow split encoder from inflating its activations).",
     )
+    max_activation: float = Field(
+        65504.0,
+        gt=0,
+        description="Receivers refuse activations beyond this magnitude (INVALID_ARGUMENT, counted) with "
+        "--bottleneck relu; with layernorm the bound is sqrt(width - 1). Default: float16's largest value.",
+    )
 
     def env_flags(self) -> dict[str, Any]:
         """These settings as flag values for a child splitrl process (env_kwargs as its JSON text)."""
@@ -105,11 +111,16 @@ class EnvSettings(Settings):
             "frame_stack": self.frame_stack,
             "width": self.width,
             "bottleneck": self.bottleneck,
+            "max_activation": self.max_activation,
         }
 
     def network_config(self) -> ModelConfig:
         """The shapes edge and cloud must agree on."""
         return ModelConfig(self.frame_stack, self.frame_size, self.width, self.bottleneck)
+
+    def activation_bound(self) -> float:
+        """Largest |activation| a receiver accepts (ModelConfig.activation_bound)."""
+        return self.network_config().activation_bound(self.max_activation)
 
     @field_validator("env_kwargs", mode="before")
     @classmethod

@@ -125,6 +125,13 @@ class ModelConfig:
     def encoder(self) -> Encoder:
         return Encoder(self.frame_stack, self.frame_size, self.width, self.bottleneck)
 
+    def activation_bound(self, relu_bound: float) -> float:
+        """Largest |activation| a healthy encoder sends: sqrt(width - 1) for layernorm (plus 1% for bf16
+        rounding), `relu_bound` (a setting) for relu, whose outputs have no bound of their own."""
+        if self.bottleneck == "layernorm":
+            return max(self.width - 1, 1) ** 0.5 * 1.01
+        return relu_bound
+
 
 class ActorCritic(nn.Module):
     """Encoder + head: the whole agent, as the cloud mode runs it."""

@@ -381,11 +381,13 @@ def decode_float(
     *,
     max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
     expect_shape: Sequence[int | None] | None = None,
+    max_magnitude: float | None = None,
 ) -> torch.Tensor:
     """Decode a float tensor sent with any FloatCodec (or plain float16/float32) as float32.
 
     Quantized elements are multiplied by their row's scale. Raises WireError for a tensor that is
-    not a float encoding (e.g. int8 without row_scale) or that holds NaN or Inf.
+    not a float encoding (e.g. int8 without row_scale), that holds NaN or Inf, or that holds a value
+    beyond `max_magnitude` (finite but absurd, e.g. bf16 2**121: it would overflow a loss downstream).
     """
     _info(message.dtype)  # an unknown dtype is reported as such
     # int8 and int4 are float encodings only with their scales (an empty batch has none to carry).
@@ -403,6 +405,8 @@ def decode_float(
         values = (values.reshape(len(scale), -1) * scale[:, None]).reshape(values.shape)
     if not bool(torch.isfinite(values).all()):
         raise WireError("tensor holds NaN or Inf")
+    if max_magnitude is not None and values.numel() and (largest := float(values.abs().max())) > max_magnitude:
+        raise WireError(f"tensor holds |value| {largest:.4g}, beyond this link's bound {max_magnitude:.4g}")
     return values
 
 

@@ -187,7 +187,9 @@ class _EdgeStream:
         s = self.settings
         dtype, shape = codecs.expected_observation(self.codec, self.num_envs, s.frame_stack, s.frame_size, s.width)
         if dtype is None:  # activations, in any float codec; NaN / Inf refused
-            observations = wire.decode_float(request.observations, expect_shape=shape).to(torch.bfloat16)
+            observations = wire.decode_float(
+                request.observations, expect_shape=shape, max_magnitude=s.activation_bound()
+            ).to(torch.bfloat16)
         elif self.video is not None:
             observations = self.video.decode(request.observations, expect_shape=list(shape))
         else:

@@ -63,9 +63,17 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
     service_name = training_pb2.DESCRIPTOR.services_by_name["EncoderTraining"].full_name
 
     def __init__(
-        self, metrics: Metrics, width: int, *, max_encoder_lag: int, gradient_codec: FloatCodec = "bf16"
+        self,
+        metrics: Metrics,
+        width: int,
+        *,
+        max_encoder_lag: int,
+        gradient_codec: FloatCodec = "bf16",
+        activation_bound: float | None = None,
     ) -> None:
+        """`activation_bound`: edges' activations beyond this magnitude are refused (EnvSettings.activation_bound)."""
         self.metrics = metrics
+        self.activation_bound = activation_bound
         self.gradient_codec: FloatCodec = gradient_codec
         self.meter = LinkMeter(metrics, "learner-encoder")
         self.width = width
@@ -188,7 +196,11 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             missing = set(reply.activations.missing_step_ids)
             answered = positions[torch.tensor([i not in missing for i in ids], dtype=torch.bool)]
             try:
-                rows = wire.decode_float(reply.activations.activations, expect_shape=[len(answered), self.width])
+                rows = wire.decode_float(
+                    reply.activations.activations,
+                    expect_shape=[len(answered), self.width],
+                    max_magnitude=self.activation_bound,
+                )
             except wire.WireError as error:
                 log.warning("edge prefix %d sent unusable activations (%s); rows skipped", prefix, error)
                 continue

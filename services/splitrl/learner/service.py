@@ -70,7 +70,11 @@ class LearnerService:
             self.trainer = Trainer(ActorCritic(model, spec), settings)
         else:
             self.edges = EdgeLinks(
-                metrics, model.width, max_encoder_lag=settings.max_encoder_lag, gradient_codec=settings.gradient_codec
+                metrics,
+                model.width,
+                max_encoder_lag=settings.max_encoder_lag,
+                gradient_codec=settings.gradient_codec,
+                activation_bound=settings.activation_bound(),
             )
             self.trainer = Trainer(ActorCriticHead(model.width, spec), settings, self.edges)
         self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
