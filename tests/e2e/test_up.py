@@ -144,4 +144,29 @@ def test_a_service_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     )
     assert result.returncode == 1
     assert "exited with code 1 while starting" in result.stderr
+    assert "splitrl needs uint8 images" in result.stderr  # the log's last lines say why
+    assert "summary" not in result.stdout and not (run_dir / "summary.json").exists()  # no result after a failure
     assert not processes_mentioning(str(run_dir))
+
+
+def test_an_env_whose_package_is_missing_is_named_before_anything_starts(tmp_path):
+    result = subprocess.run(
+        splitrl("up", "--env", "MiniGrid/Empty-5x5-v0", "--run-dir", str(tmp_path / "run")),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "pip install minigrid" in result.stderr
+
+
+def test_an_atari_game_runs_through_the_whole_stack_by_its_usual_id(tmp_path):
+    run_dir = tmp_path / "run"
+    command = splitrl(
+        "up", "--env", "ALE/Pong-v5", "--mode", "split-accumulate", "--width", "64", "--frame-size", "84",
+        "--steps", "400", "--chunks-per-update", "4", "--tls", "plaintext", "--run-dir", str(run_dir),
+    )  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == 400 and summary["learner_updates"] >= 1

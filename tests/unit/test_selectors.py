@@ -43,7 +43,8 @@ def test_uniform_covers_every_item_evenly_with_replacement():
     [
         ([1.0, 2.0, 3.0, 4.0], 1.0, [0.1, 0.2, 0.3, 0.4]),
         ([1.0, 4.0, 0.0], 0.5, [1 / 3, 2 / 3, 0.0]),
-        ([1.0, 4.0, 0.0], 0.0, [1 / 3, 1 / 3, 1 / 3]),  # 0^0 = 1: every item weighs the same
+        ([1.0, 4.0, 0.0], 0.0, [0.5, 0.5, 0.0]),  # as Reverb: priority 0 weighs 0 for every exponent
+        ([0.0, 0.0], 0.0, [0.5, 0.5]),  # all zero: uniform again
         ([0.0, 0.0, 0.0, 0.0], 1.0, [0.25, 0.25, 0.25, 0.25]),  # all zero: uniform, no crash
     ],
 )

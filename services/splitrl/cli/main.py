@@ -302,6 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.cli import run_dir
     from splitrl.cli.up import UpSettings, run_up
+    from splitrl.core.envs import ensure_registered
 
     try:
         given = given_values(UpSettings, args, os.environ)
@@ -310,6 +311,7 @@ def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 raise ValueError(f"--resume {args.resume} and --run-dir {given['run_dir']} name different runs")
             given = {**run_dir.load_settings(args.resume), **given, "run_dir": args.resume}
         up_settings = validate_settings(UpSettings, given)
+        ensure_registered(up_settings.env)  # a missing env package is named before any service starts
     except ValueError as error:
         parser.exit(2, f"splitrl up: {error}\n")
     return run_up(up_settings, resume=args.resume is not None)

@@ -217,15 +217,32 @@ def spawn(name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str]
     return Child(name, process)
 
 
+class StartFailed(RuntimeError):
+    """A service exited, or did not serve in time, before the run began."""
+
+
+def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
+    """The end of service `name`'s log, indented, for an error message."""
+    try:
+        lines = (run_dir / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-count:]
+    except OSError:
+        return ""
+    return "".join(f"\n    {line}" for line in lines)
+
+
 def wait_ready(child: Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
-    """Wait for the service's port file; raise if it exits or takes longer than `timeout_s`."""
+    """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
+    than `timeout_s`."""
     log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
         if child.process.poll() is not None:
-            raise RuntimeError(f"{child.name} exited with code {child.process.returncode} while starting; see {log}")
+            raise StartFailed(
+                f"{child.name} exited with code {child.process.returncode} while starting; the end of {log}:"
+                + last_log_lines(run_dir, child.name)
+            )
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
+            raise StartFailed(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
         time.sleep(0.05)
     child.ports = json.loads(port_file.read_text())
 
@@ -267,7 +284,7 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
         (run_dir / run_dir_files.CURVE_FILE).unlink(missing_ok=True)
     run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     children: dict[str, Child] = {}
-    interrupted = start_failed = False
+    interrupted = start_failed = died = False
     # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
     # supervisor's SIGINT) must still stop the run cleanly.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -295,9 +312,12 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     except KeyboardInterrupt:
         interrupted, elapsed = True, time.monotonic() - started
         print("\ninterrupted: stopping services", file=sys.stderr)
-    except (RuntimeError, TimeoutError) as error:  # a service failed to start, or died mid-run
+    except StartFailed as error:
         print(f"splitrl up: {error}", file=sys.stderr)
         start_failed, elapsed = True, time.monotonic() - started
+    except RuntimeError as error:  # a service died mid-run
+        print(f"splitrl up: {error}", file=sys.stderr)
+        died, elapsed = True, time.monotonic() - started
     finally:
         # A second Ctrl-C must not cut the clean-up short: children would linger and no summary be written.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -306,6 +326,8 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
         progress.close()
         signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
+    if start_failed:  # no run took place: nothing that looks like a result
+        return 1
     summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve, offset)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
@@ -313,7 +335,7 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir))
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
-    return 130 if interrupted else (1 if failed or start_failed else 0)
+    return 130 if interrupted else (1 if failed or died else 0)
 
 
 def _live_texts(children: dict[str, Child]) -> list[str]:

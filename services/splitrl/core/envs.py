@@ -7,6 +7,7 @@ the fast pixel env as `splitrl/Catch-v0`.
 
 from __future__ import annotations
 
+import importlib
 from functools import partial
 from typing import Any
 
@@ -21,6 +22,36 @@ from splitrl.core.models import ActionSpec
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
     gym.register(id=CATCH_ID, entry_point="splitrl.core.pixel_env:CatchEnv")
+
+#: Env id namespaces whose envs register only when a package is imported (gymnasium >= 1.0 does not import
+#: them itself): namespace -> (module to import, what to pip install).
+REGISTERING_PACKAGES: dict[str, tuple[str, str]] = {
+    "ALE": ("ale_py", "ale-py"),
+    "MiniGrid": ("minigrid", "minigrid"),
+    "BabyAI": ("minigrid", "minigrid"),
+    "MetaWorld": ("metaworld", "metaworld"),
+    "craftax": ("craftax", "craftax"),
+}
+
+
+def ensure_registered(env_id: str) -> None:
+    """Import the package that registers `env_id`'s namespace, so ids work as users type them (ALE/Pong-v5).
+
+    ValueError names the package to install when it is missing. "module:Id" ids are left to gymnasium.
+    """
+    if ":" in env_id or env_id in gym.registry or "/" not in env_id:
+        return
+    namespace = env_id.split("/", 1)[0]
+    if namespace not in REGISTERING_PACKAGES:
+        return
+    module, requirement = REGISTERING_PACKAGES[namespace]
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise ValueError(
+            f"env {env_id!r} is registered by the {requirement!r} package, which is not installed: "
+            f"pip install {requirement}"
+        ) from None
 
 
 def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
@@ -37,6 +68,7 @@ def make_env(
 
     `skip_render=False` draws every repeated frame (only to time or check the fast repeat against the plain one).
     """
+    ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)
     if action_repeat > 1:  # innermost: frames the repeat discards are neither drawn (if it can) nor transformed
         env = ActionRepeat(env, action_repeat, skip_render)
@@ -72,6 +104,7 @@ def make_vector_env(
 
 def action_spec_of(env_id: str, env_kwargs: dict[str, Any]) -> ActionSpec:
     """The ActionSpec of an env id, read from a throwaway instance."""
+    ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)
     try:
         return action_spec_from_space(env.action_space)

@@ -9,7 +9,8 @@ what is removed. Priorities are finite and >= 0 (`check_priority`).
 - `Prioritized`: key i with probability p_i^exponent / sum_j p_j^exponent.
   If that sum is 0 (every priority 0), it samples uniformly, probability
   1 / size, as Reverb does; otherwise an item of priority 0 is never drawn.
-  With exponent 0 every item weighs 1 (0^0 = 1): uniform, zeros included.
+  An item of priority 0 weighs 0 for every exponent, as in Reverb (not
+  0^0 = 1): exponent 0 is uniform over the items of nonzero priority.
 
 `validate(priority)` refuses, before anything changes, a value the selector
 cannot store: negative, NaN, Inf, or (prioritized) a weight above MAX_WEIGHT.
@@ -162,6 +163,8 @@ class Prioritized:
         return self._key_at[node - self._capacity], self._tree[node] / total
 
     def _weight(self, priority: float) -> float:
+        if priority == 0:  # Reverb: zero priority, zero weight, whatever the exponent
+            return 0.0
         try:
             weight = priority**self.exponent
         except OverflowError:
