@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 import pytest
 
-from splitrl.cli.up import START_ORDER, Child, UpSettings, service_flags, spawn, stop_all, wait_ready
+from splitrl.cli.processes import START_ORDER, Child, spawn, stop_all, wait_ready
+from splitrl.cli.up import UpSettings, service_flags
 from splitrl.core import scrape, trajectory
 from splitrl.core.step_ids import prefix_of
 from splitrl.replay.settings import ReplaySettings

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from pydantic import Field
 
-from splitrl.cli.up import START_ORDER, Child, UpSettings, prepare_tls, service_flags, spawn, stop_all, wait_ready
+from splitrl.cli.processes import START_ORDER, Child, spawn, stop_all, wait_ready
+from splitrl.cli.up import UpSettings, prepare_tls, service_flags
 from splitrl.core import scrape
 from splitrl.core.config import TlsMode
 from splitrl.core.metrics import WAN_LINKS

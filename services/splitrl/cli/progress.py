@@ -20,6 +20,13 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _restarts(restarts: dict[str, int] | None) -> str:
+    """ ", restarted: replay 1, learner 2" (empty when nothing was restarted)."""
+    if not restarts:
+        return ""
+    return ", restarted: " + ", ".join(f"{name} {count}" for name, count in restarts.items())
+
+
 class Progress:
     """Shows env steps, steps/s and bytes sent per link from the services' live /metrics."""
 
@@ -36,7 +43,7 @@ class Progress:
         self._steps = 0
         self._sent: dict[tuple[str, str], int] = {}
 
-    def update(self, texts: list[str], elapsed_s: float) -> None:
+    def update(self, texts: list[str], elapsed_s: float, restarts: dict[str, int] | None = None) -> None:
         self._steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
         rate = self._steps / elapsed_s if elapsed_s > 0 else 0.0
         steps = self.done_steps + self._steps
@@ -44,7 +51,8 @@ class Progress:
             self._sent[key] = max(self._sent.get(key, 0), value)
         sent = self._sent
         if self._live is not None:
-            table = Table(title=f"splitrl: {steps}/{self.target_steps} env steps, {rate:.0f} steps/s")
+            title = f"splitrl: {steps}/{self.target_steps} env steps, {rate:.0f} steps/s{_restarts(restarts)}"
+            table = Table(title=title)
             table.add_column("link")
             table.add_column("phase")
             table.add_column("bytes sent", justify="right")
@@ -55,7 +63,9 @@ class Progress:
             self._last_line = elapsed_s
             links = ", ".join(f"{link}/{phase} {human_bytes(b)}" for (link, phase), b in sorted(sent.items()))
             print(
-                f"[{elapsed_s:6.1f}s] {steps}/{self.target_steps} env steps, {rate:.0f} steps/s | {links}", flush=True
+                f"[{elapsed_s:6.1f}s] {steps}/{self.target_steps} env steps, {rate:.0f} steps/s"
+                f"{_restarts(restarts)} | {links}",
+                flush=True,
             )
 
     def close(self) -> None:

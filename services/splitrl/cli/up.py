@@ -4,34 +4,30 @@ Start order follows the dial direction (replay, inference, learner,
 edge-encoder, environment), each waiting for the previous one's port file. The run ends
 when the environment has taken `steps` agent steps; services then stop
 upstream-first so every queue drains into the next, each writing its final
-counters, from which `summary.json` is built. Ctrl-C (or SIGTERM) stops all
-children; a child also dies if this process is killed (PR_SET_PDEATHSIG).
+counters, from which `summary.json` is built. A service that dies mid-run is
+restarted with the same flags and ports (cli.processes.Supervisor, up to
+--max-restarts times each). Ctrl-C (or SIGTERM) stops all children; a child also
+dies if this process is killed (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import signal
-import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from splitrl.cli import run_dir as run_dir_files
-from splitrl.cli.args import to_argv
+from splitrl.cli.processes import START_ORDER, Child, GaveUp, StartFailed, Supervisor, stop_all
 from splitrl.cli.progress import Progress
 from splitrl.core import certs, scrape
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings, TlsMode
 from splitrl.core.metrics import WAN_LINKS
 from splitrl.core.video import VideoSettings
-
-START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
 
 
 class UpSettings(EnvSettings, VideoSettings, Settings):
@@ -79,24 +75,14 @@ class UpSettings(EnvSettings, VideoSettings, Settings):
         description="Chunks replay holds, oldest evicted first. Default 2 x chunks_per_update: the learner trains "
         "on fresh chunks (policy lag about 2 updates) instead of working through a backlog.",
     )
+    max_restarts: int = Field(
+        5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
+    )
     tls: TlsMode = Field(
         "mtls",
         description="gRPC links between the services: mtls (a throwaway CA and certificates under "
         "RUN_DIR/tls/), tls, or plaintext (unencrypted and unauthenticated, with a warning).",
     )
-
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    ports: dict[str, int] = field(default_factory=dict)
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies (Linux only)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def prepare_tls(settings: UpSettings, run_dir: Path) -> None:
@@ -198,72 +184,6 @@ def service_flags(
     }
 
 
-def spawn(name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str] = ()) -> Child:
-    """Start one service process; it is stopped with the others even if it never becomes ready.
-
-    `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
-    """
-    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *to_argv(flags)]
-    Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
-    log = (run_dir / "logs" / f"{name}.log").open("wb")
-    process = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-        preexec_fn=_die_with_parent,
-    )
-    return Child(name, process)
-
-
-class StartFailed(RuntimeError):
-    """A service exited, or did not serve in time, before the run began."""
-
-
-def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
-    """The end of service `name`'s log, indented, for an error message."""
-    try:
-        lines = (run_dir / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-count:]
-    except OSError:
-        return ""
-    return "".join(f"\n    {line}" for line in lines)
-
-
-def wait_ready(child: Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
-    """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
-    than `timeout_s`."""
-    log = run_dir / "logs" / f"{child.name}.log"
-    deadline = time.monotonic() + timeout_s
-    while not port_file.exists():
-        if child.process.poll() is not None:
-            raise StartFailed(
-                f"{child.name} exited with code {child.process.returncode} while starting; the end of {log}:"
-                + last_log_lines(run_dir, child.name)
-            )
-        if time.monotonic() > deadline:
-            raise StartFailed(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
-        time.sleep(0.05)
-    child.ports = json.loads(port_file.read_text())
-
-
-def stop_child(child: Child, timeout_s: float) -> None:
-    if child.process.poll() is None:
-        child.process.send_signal(signal.SIGTERM)
-        try:
-            child.process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            child.process.kill()
-            child.process.wait()
-
-
-def stop_all(children: dict[str, Child]) -> None:
-    """Stop every started service, upstream first, so each drains into the next."""
-    for name in reversed(START_ORDER):
-        if name in children:
-            stop_child(children[name], timeout_s=15.0)
-
-
 def run_up(settings: UpSettings, resume: bool = False) -> int:
     """Run the whole stack until `settings.steps` agent steps; returns the process exit code.
 
@@ -283,8 +203,19 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     if not resume:
         (run_dir / run_dir_files.CURVE_FILE).unlink(missing_ok=True)
     run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
-    children: dict[str, Child] = {}
     interrupted = start_failed = died = False
+
+    def flags_for(name: str) -> dict[str, Any] | None:
+        steps = done_steps
+        if name == "environment":  # a restarted environment takes only the steps still to take, on new tracks
+            steps += int(scrape.total(supervisor.retired_texts("environment"), "splitrl_env_steps_total"))
+            if steps >= settings.steps:
+                return None
+        return service_flags(name, settings, supervisor.children, run_dir, steps)
+
+    supervisor = Supervisor(
+        run_dir, flags_for, max_restarts=settings.max_restarts, start_timeout_s=settings.start_timeout_s
+    )
     # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
     # supervisor's SIGINT) must still stop the run cleanly.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -293,18 +224,12 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
     try:
         prepare_tls(settings, run_dir)
-        for name in START_ORDER:
-            flags = service_flags(name, settings, children, run_dir, done_steps)
-            children[name] = spawn(name, flags, run_dir)
-            wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
+        supervisor.start_all()
         started = time.monotonic()
-        environment = children["environment"].process
-        while environment.poll() is None:
-            crashed = [c.name for c in children.values() if c.name != "environment" and c.process.poll() is not None]
-            if crashed:
-                raise RuntimeError(f"{', '.join(crashed)} exited during the run; see {run_dir / 'logs'}")
-            texts = _live_texts(children)
-            progress.update(texts, time.monotonic() - started)
+        while not supervisor.environment_done():
+            supervisor.watch()
+            texts = supervisor.texts()
+            progress.update(texts, time.monotonic() - started, supervisor.restarts)
             point = _curve_point(texts) | {"seconds": round(time.monotonic() - started, 3)}
             _extend_curve(curve, run_dir_files.shifted(point, offset), run_dir)
             time.sleep(settings.progress_interval_s)
@@ -315,20 +240,20 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     except StartFailed as error:
         print(f"splitrl up: {error}", file=sys.stderr)
         start_failed, elapsed = True, time.monotonic() - started
-    except RuntimeError as error:  # a service died mid-run
+    except GaveUp as error:  # a service kept dying
         print(f"splitrl up: {error}", file=sys.stderr)
         died, elapsed = True, time.monotonic() - started
     finally:
         # A second Ctrl-C must not cut the clean-up short: children would linger and no summary be written.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_all(children)
+        stop_all(supervisor.children)
         progress.close()
         signal.signal(signal.SIGINT, previous_int)
         signal.signal(signal.SIGTERM, previous_term)
     if start_failed:  # no run took place: nothing that looks like a result
         return 1
-    summary = build_summary(settings, run_dir, children, elapsed, interrupted, curve, offset)
+    summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
 
@@ -336,16 +261,6 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
     return 130 if interrupted else (1 if failed or died else 0)
-
-
-def _live_texts(children: dict[str, Child]) -> list[str]:
-    texts = []
-    for child in children.values():
-        try:
-            texts.append(scrape.fetch(child.ports["metrics"]))
-        except OSError:
-            continue  # a service that is shutting down; the next update will do
-    return texts
 
 
 def _extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> None:
@@ -377,7 +292,7 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
 def build_summary(
     settings: UpSettings,
     run_dir: Path,
-    children: dict[str, Child],
+    supervisor: Supervisor,
     elapsed_s: float,
     interrupted: bool,
     curve: list[dict[str, float]],
@@ -385,12 +300,13 @@ def build_summary(
 ) -> dict[str, Any]:
     """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
 
-    Counters are this segment's; `resumed_at` is the curve point earlier segments of a resumed run ended at
+    Counters are this segment's (services that died and were restarted included: `restarts` counts them);
+    `resumed_at` is the curve point earlier segments of a resumed run ended at
     (zeros for a fresh run). Its `curve` is the whole run's, cumulative, ended with a point from the final
     counters; each point's `seconds` count service-serving time over all segments.
     """
     offset = offset or run_dir_files.zero_point()
-    texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
+    texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))] + supervisor.retired_texts()
     final = _curve_point(texts) | {"seconds": round(elapsed_s, 3)}
     _extend_curve(curve, run_dir_files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
@@ -405,7 +321,8 @@ def build_summary(
         "settings": json.loads(settings.model_dump_json()),
         "interrupted": interrupted,
         "resumed_at": offset,
-        "exit_codes": {name: child.process.returncode for name, child in children.items()},
+        "exit_codes": {name: child.process.returncode for name, child in supervisor.children.items()},
+        "restarts": dict(supervisor.restarts),
         "env_steps": steps,
         "wall_seconds": round(elapsed_s, 3),
         "env_steps_per_second": round(steps / elapsed_s, 1) if elapsed_s > 0 else None,

@@ -1,0 +1,209 @@
+"""Service processes of a local run: start one, wait until it serves, stop them all, keep them alive.
+
+`splitrl up` and `splitrl bench framing` start every service as its own
+process (`splitrl serve NAME`), logging to RUN_DIR/logs/NAME.log. A child dies
+with its parent (PR_SET_PDEATHSIG). `Supervisor` restarts a service that dies
+mid-run, as compose and Kubernetes restart a crashed container.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitrl.cli.args import to_argv
+from splitrl.core import scrape
+from splitrl.core.backoff import Backoff
+
+START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    ports: dict[str, int] = field(default_factory=dict)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: ask the kernel for SIGTERM when the parent dies (Linux only)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def spawn(
+    name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str] = (), append_log: bool = False
+) -> Child:
+    """Start one service process; it is stopped with the others even if it never becomes ready.
+
+    `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
+    `append_log`: a restart adds to the service's log instead of replacing it.
+    """
+    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *to_argv(flags)]
+    Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
+    log = (run_dir / "logs" / f"{name}.log").open("ab" if append_log else "wb")
+    process = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+    )
+    return Child(name, process)
+
+
+class StartFailed(RuntimeError):
+    """A service exited, or did not serve in time, before the run began."""
+
+
+def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
+    """The end of service `name`'s log, indented, for an error message."""
+    try:
+        lines = (run_dir / "logs" / f"{name}.log").read_text(errors="replace").splitlines()[-count:]
+    except OSError:
+        return ""
+    return "".join(f"\n    {line}" for line in lines)
+
+
+def wait_ready(child: Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
+    """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
+    than `timeout_s`."""
+    log = run_dir / "logs" / f"{child.name}.log"
+    deadline = time.monotonic() + timeout_s
+    while not port_file.exists():
+        if child.process.poll() is not None:
+            raise StartFailed(
+                f"{child.name} exited with code {child.process.returncode} while starting; the end of {log}:"
+                + last_log_lines(run_dir, child.name)
+            )
+        if time.monotonic() > deadline:
+            raise StartFailed(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
+        time.sleep(0.05)
+    child.ports = json.loads(port_file.read_text())
+
+
+def stop_child(child: Child, timeout_s: float) -> None:
+    if child.process.poll() is None:
+        child.process.send_signal(signal.SIGTERM)
+        try:
+            child.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            child.process.kill()
+            child.process.wait()
+
+
+def stop_all(children: dict[str, Child]) -> None:
+    """Stop every started service, upstream first, so each drains into the next."""
+    for name in reversed(START_ORDER):
+        if name in children:
+            stop_child(children[name], timeout_s=15.0)
+
+
+class GaveUp(RuntimeError):
+    """A service kept dying: it exited more often than the run allows restarts."""
+
+
+class Supervisor:
+    """A run's service processes: started in START_ORDER, and restarted with the same flags and ports when one
+    dies mid-run (peers redial the same address), as compose and Kubernetes restart a crashed container.
+
+    A death is any exit while the run goes on, except the environment exiting 0 (its step budget is done).
+    Each restart waits a jittered backoff (core.backoff), is logged to stderr and to the service's log, and is
+    counted in `restarts`; a service that dies more than `max_restarts` times raises GaveUp with its log's last
+    lines. Counters die with a process: `texts()` adds each dead incarnation's last scraped /metrics to the live
+    ones, so run totals keep counting what it did (up to one scrape interval is lost).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        flags_for: Callable[[str], dict[str, Any] | None],
+        *,
+        max_restarts: int,
+        start_timeout_s: float,
+        backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 5.0),
+    ) -> None:
+        """`flags_for(name)`: the service's flags now (ports are pinned here after the first start); None only for
+        the environment, when it has no steps left to take."""
+        self.run_dir, self.flags_for = run_dir, flags_for
+        self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
+        self.children: dict[str, Child] = {}
+        self.restarts: dict[str, int] = {}
+        self._ports: dict[str, dict[str, int]] = {}
+        self._backoffs = {name: backoff() for name in START_ORDER}
+        self._last_text: dict[str, str] = {}
+        self._retired: dict[str, list[str]] = {name: [] for name in START_ORDER}
+        self._finished: set[str] = set()
+
+    def start_all(self) -> None:
+        """Start every service in order, each once the one it dials serves (StartFailed if one cannot)."""
+        for name in START_ORDER:
+            self._start(name, self.flags_for(name) or {}, append_log=False)
+
+    def _start(self, name: str, flags: dict[str, Any], append_log: bool) -> None:
+        if name in self._ports:  # same address as before: peers redial it
+            flags = {**flags, "port": self._ports[name]["grpc"], "metrics_port": self._ports[name]["metrics"]}
+        self.children[name] = child = spawn(name, flags, self.run_dir, append_log=append_log)
+        wait_ready(child, Path(flags["port_file"]), self.run_dir, self.start_timeout_s)
+        self._ports[name] = child.ports
+
+    def environment_done(self) -> bool:
+        return self.children["environment"].process.poll() == 0 or "environment" in self._finished
+
+    def texts(self) -> list[str]:
+        """/metrics of every live service, plus the last scrape of each dead incarnation."""
+        texts = []
+        for name, child in self.children.items():
+            try:
+                self._last_text[name] = scrape.fetch(child.ports["metrics"])
+            except (OSError, KeyError):
+                continue  # shutting down, or never served; the next update will do
+            texts.append(self._last_text[name])
+        return texts + self.retired_texts()
+
+    def retired_texts(self, name: str | None = None) -> list[str]:
+        """The last /metrics scraped from each dead incarnation (of `name`, or of every service)."""
+        return self._retired[name] if name else [text for texts in self._retired.values() for text in texts]
+
+    def watch(self) -> None:
+        """Restart each service that died since the last call; GaveUp past `max_restarts` for one service."""
+        for name, child in list(self.children.items()):
+            code = child.process.poll()
+            if code is None or name in self._finished or (name == "environment" and code == 0):
+                continue
+            self._restart(name, code)
+
+    def _restart(self, name: str, code: int) -> None:
+        count = self.restarts.get(name, 0)
+        log = self.run_dir / "logs" / f"{name}.log"
+        if count >= self.max_restarts:
+            raise GaveUp(
+                f"{name} exited with code {code} after {count} restarts (--max-restarts {self.max_restarts}); "
+                f"gave up. The end of {log}:" + last_log_lines(self.run_dir, name)
+            )
+        if name in self._last_text:
+            self._retired[name].append(self._last_text.pop(name))
+        flags = self.flags_for(name)
+        if flags is None:  # the environment died with no steps left to take: the run is done
+            self._finished.add(name)
+            return
+        self.restarts[name] = count + 1
+        delay = self._backoffs[name].next_delay()
+        note = f"{name} exited with code {code}; restart {count + 1} of {self.max_restarts} in {delay:.1f} s"
+        print(f"splitrl up: {note}", file=sys.stderr, flush=True)
+        with log.open("a") as file:
+            file.write(f"---- splitrl up: {note}\n")
+        time.sleep(delay)
+        try:
+            self._start(name, flags, append_log=True)
+        except StartFailed:
+            stop_child(self.children[name], timeout_s=5.0)  # the next watch() counts this as one more death

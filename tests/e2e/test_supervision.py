@@ -1,0 +1,104 @@
+"""`splitrl up` keeps a run alive: SIGKILL any service mid-run, it is restarted, and the run reaches its steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from splitrl.core import scrape
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 4000
+FAST = [
+    "--env", "splitrl/Catch-v0", "--frame-size", "36", "--width", "256", "--chunks-per-update", "4",
+    "--tls", "plaintext", "--progress-interval-s", "0.5",
+]  # fmt: skip
+
+
+def start_up(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", *FAST, "--run-dir", str(run_dir), *extra]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def service_pid(run_dir: Path, name: str) -> int:
+    """The pid of the live `splitrl serve NAME` of this run (the run dir is unique to the test)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                command = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in command and name.encode() in command and str(run_dir).encode() in b" ".join(command):
+                return int(proc.name)
+    raise AssertionError(f"no live {name} process of {run_dir}")
+
+
+def wait_for_updates(run_dir: Path, at_least: int, deadline_s: float = 120) -> None:
+    deadline = time.monotonic() + deadline_s
+    ports = run_dir / "learner.ports.json"
+    while time.monotonic() < deadline:
+        try:
+            text = scrape.fetch(json.loads(ports.read_text())["metrics"])
+            if scrape.total([text], "splitrl_learner_updates_total") >= at_least:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {at_least} learner updates within {deadline_s} s")
+
+
+@pytest.mark.parametrize("victim", ["replay", "inference", "learner", "edge-encoder", "environment"])
+def test_a_killed_service_is_restarted_and_the_run_finishes(tmp_path, victim):
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--mode", "split-accumulate", "--steps", str(STEPS))
+    try:
+        wait_for_updates(run_dir, 2)
+        updates_at_kill = json.loads((run_dir / "curve.jsonl").read_text().splitlines()[-1])["updates"]
+        os.kill(service_pid(run_dir, victim), signal.SIGKILL)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, out + err
+    assert f"{victim} exited with code -9; restart 1 of 5" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == {victim: 1}
+    assert summary["env_steps"] >= STEPS  # the restarted environment took only the steps left (a scrape's worth more)
+    assert summary["env_steps"] < STEPS + 400
+    assert summary["curve"][-1]["updates"] > updates_at_kill, "learner updates went on after the restart"
+    assert "---- splitrl up: " in (run_dir / "logs" / f"{victim}.log").read_text()  # one log, the restart marked
+
+
+def test_up_gives_up_on_a_service_that_keeps_dying(tmp_path):
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, "--steps", "100000000", "--max-restarts", "1")
+    try:
+        wait_for_updates(run_dir, 1)
+        os.kill(service_pid(run_dir, "replay"), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while True:  # the restarted replay: kill it again once it serves
+            time.sleep(0.5)
+            try:
+                pid = service_pid(run_dir, "replay")
+                if (run_dir / "replay.ports.json").exists():
+                    os.kill(pid, signal.SIGKILL)
+                    break
+            except AssertionError:
+                pass
+            assert time.monotonic() < deadline, "replay was not restarted"
+        _, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 1
+    assert "replay exited with code -9 after 1 restarts (--max-restarts 1); gave up" in err
+    assert "replay.log" in err
+    assert json.loads((run_dir / "summary.json").read_text())["restarts"] == {"replay": 1}
