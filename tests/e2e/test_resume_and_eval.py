@@ -33,9 +33,10 @@ def test_resume_continues_the_version_the_env_steps_and_the_curve(tmp_path):
     run_dir = tmp_path / "run"
     first = splitrl(
         "up", "--mode", "split-accumulate", "--width", "32", "--activation-codec", "int4", *SMALL,
-        "--steps", "1200", "--tls", "plaintext", "--run-dir", str(run_dir),
+        "--steps", "1200", "--tls", "plaintext", "--no-tensorboard", "--run-dir", str(run_dir),
     )  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
+    assert not (run_dir / "tensorboard").exists()
     version_after_first = learner_version(run_dir)
     first_curve = run_dir_files.load_curve(run_dir)
     assert version_after_first >= 1 and first_curve[-1]["env_steps"] == 1200

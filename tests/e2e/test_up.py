@@ -35,6 +35,15 @@ def processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series in the event files under `log_dir`, read by the tensorboard package itself."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
 def start_long_run(run_dir: Path, **popen: object) -> subprocess.Popen:
     """`splitrl up` with far more steps than a test waits for, returned once env steps are flowing."""
     up = subprocess.Popen(
@@ -78,6 +87,14 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert summary["env_steps"] == 600
     assert summary["exit_codes"] == {"replay": 0, "inference": 0, "learner": 0, "edge-encoder": 0, "environment": 0}
     assert summary["episodes"] > 0 and -1.0 <= summary["mean_episode_return"] <= 1.0
+    scalars = tensorboard_scalars(run_dir / "tensorboard")
+    assert {"charts/episodic_return", "charts/learner_updates", "network/wan_bytes_per_step"} <= set(scalars)
+    if mode != "cloud":  # cloud's heavier updates may not finish one in 600 steps on 2 cores
+        assert summary["learner_updates"] >= 1
+    if summary["learner_updates"]:
+        assert {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"} <= set(scalars)
+    assert max(step for step, _ in scalars["charts/learner_updates"]) <= 600
+    assert all(-1.0 <= value <= 1.0 for _, value in scalars["charts/episodic_return"])
     curve = summary["curve"]
     for key in ("env_steps", "episodes", "updates"):  # counters; a return sum may fall
         assert all(a[key] <= b[key] for a, b in itertools.pairwise(curve)), f"curve {key} goes backwards"

@@ -24,6 +24,7 @@ from pydantic import Field
 from splitrl.cli import run_dir as run_dir_files
 from splitrl.cli.processes import START_ORDER, Child, GaveUp, StartFailed, Supervisor, stop_all
 from splitrl.cli.progress import Progress
+from splitrl.cli.tensorboard import TensorBoardLog
 from splitrl.core import certs, scrape
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings, TlsMode
 from splitrl.core.metrics import WAN_LINKS
@@ -74,6 +75,9 @@ class UpSettings(EnvSettings, VideoSettings, Settings):
         ge=1,
         description="Chunks replay holds, oldest evicted first. Default 2 x chunks_per_update: the learner trains "
         "on fresh chunks (policy lag about 2 updates) instead of working through a backlog.",
+    )
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
     )
     max_restarts: int = Field(
         5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
@@ -222,6 +226,7 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     started = time.monotonic()
     progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
+    tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
     try:
         prepare_tls(settings, run_dir)
         supervisor.start_all()
@@ -230,8 +235,10 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
             supervisor.watch()
             texts = supervisor.texts()
             progress.update(texts, time.monotonic() - started, supervisor.restarts)
-            point = _curve_point(texts) | {"seconds": round(time.monotonic() - started, 3)}
-            _extend_curve(curve, run_dir_files.shifted(point, offset), run_dir)
+            seconds = round(time.monotonic() - started, 3)
+            point = run_dir_files.shifted(_curve_point(texts) | {"seconds": seconds}, offset)
+            if _extend_curve(curve, point, run_dir) and tensorboard is not None:
+                tensorboard.add(point, texts, offset)
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -255,6 +262,9 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
         return 1
     summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if tensorboard is not None:  # the final counters too: a short run may update only near its end
+        tensorboard.add(curve[-1], final_texts(run_dir, supervisor), offset)
+        tensorboard.close()
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
 
     plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir))
@@ -263,15 +273,17 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     return 130 if interrupted else (1 if failed or died else 0)
 
 
-def _extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> None:
+def _extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> bool:
     """Append `point` (and log it to RUN_DIR/curve.jsonl) unless a counter went backwards: a service that just
-    exited took its series with it.
+    exited took its series with it. Returns whether it was appended.
 
     return_sum is not checked: negative returns make it fall.
     """
     if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates", "wan_bytes")):
         curve.append(point)
         run_dir_files.append_curve(run_dir, point)
+        return True
+    return False
 
 
 def _curve_point(texts: list[str]) -> dict[str, float]:
@@ -287,6 +299,11 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
         "updates": scrape.total(texts, "splitrl_learner_updates_total"),
         "wan_bytes": float(wan),
     }
+
+
+def final_texts(run_dir: Path, supervisor: Supervisor) -> list[str]:
+    """The final /metrics each service wrote on shutdown, plus the last scrapes of incarnations that died."""
+    return [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))] + supervisor.retired_texts()
 
 
 def build_summary(
@@ -306,7 +323,7 @@ def build_summary(
     counters; each point's `seconds` count service-serving time over all segments.
     """
     offset = offset or run_dir_files.zero_point()
-    texts = [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))] + supervisor.retired_texts()
+    texts = final_texts(run_dir, supervisor)
     final = _curve_point(texts) | {"seconds": round(elapsed_s, 3)}
     _extend_curve(curve, run_dir_files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))

@@ -1,0 +1,62 @@
+"""TensorBoard event files of a local run, as RL users expect from CleanRL and Stable-Baselines3.
+
+`splitrl up` writes RUN_DIR/tensorboard/ from the same scrapes that draw its
+progress and curve, so no service needs TensorBoard. The x axis is agent steps,
+cumulative over a resumed run's segments. Scalars (CleanRL's names where one fits):
+
+- charts/episodic_return: mean return of the episodes finished since the last point;
+- charts/steps_per_second, charts/learner_updates;
+- losses/<term>: the learner's last update (policy_loss, value_loss, entropy, approx_kl, clip_fraction);
+- charts/policy_lag: mean versions between the learner and a sampled chunk's oldest action;
+- network/wan_bytes/<phase>: WAN bytes sent per phase (rollout, training, weights) in this segment, and
+  network/wan_bytes_per_step: all of them per agent step so far.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from splitrl.core import scrape
+from splitrl.core.metrics import WAN_LINKS
+
+
+class TensorBoardLog:
+    """One SummaryWriter under RUN_DIR/tensorboard; `add` is called with each new curve point."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # needs the tensorboard package (a dependency)
+
+        self.writer: Any = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        self._previous: dict[str, float] | None = None
+
+    def add(self, point: dict[str, float], texts: list[str], offset: dict[str, float]) -> None:
+        """Log `point` (cumulative, as the curve holds it) with the services' /metrics `texts` of this segment."""
+        step = int(point["env_steps"])
+        previous = self._previous or offset
+        finished = point["episodes"] - previous["episodes"]
+        if finished > 0:
+            mean = (point["return_sum"] - previous["return_sum"]) / finished
+            self.writer.add_scalar("charts/episodic_return", mean, step)
+        seconds = point["seconds"] - previous["seconds"]
+        if seconds > 0:
+            self.writer.add_scalar("charts/steps_per_second", (step - previous["env_steps"]) / seconds, step)
+        self.writer.add_scalar("charts/learner_updates", point["updates"], step)
+        for name, labels, value in (sample for text in texts for sample in scrape.samples(text)):
+            if name == "splitrl_learner_loss":
+                self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
+        _, lag_sum, lag_count = scrape.histogram(texts, "splitrl_policy_lag")
+        if lag_count:
+            self.writer.add_scalar("charts/policy_lag", lag_sum / lag_count, step)
+        wan: dict[str, float] = {}
+        for (link, phase), sent in scrape.sent_bytes(scrape.link_counts(texts)).items():
+            if link in WAN_LINKS:
+                wan[phase] = wan.get(phase, 0.0) + sent
+        for phase, phase_bytes in wan.items():
+            self.writer.add_scalar(f"network/wan_bytes/{phase}", phase_bytes, step)
+        if step:
+            self.writer.add_scalar("network/wan_bytes_per_step", point["wan_bytes"] / step, step)
+        self._previous = point
+
+    def close(self) -> None:
+        self.writer.close()
