@@ -73,11 +73,14 @@ class Progress:
             self._live.stop()
 
     def print_summary(self, summary: dict[str, Any], path: Path) -> None:
+        """The run's traffic per link, phase and payload; fits 80 columns (elements are in summary.json)."""
         table = Table(
             title=f"run summary ({summary['env_steps']} env steps, {summary['env_steps_per_second']} steps/s)"
         )
-        for column in ("link", "phase", "payload", "messages", "bytes", "elements", "bytes/step"):
-            table.add_column(column, justify="left" if column in ("link", "phase", "payload") else "right")
+        for column in ("link", "phase", "payload"):
+            table.add_column(column, no_wrap=True)
+        for column in ("messages", "bytes", "B/step"):
+            table.add_column(column, justify="right", no_wrap=True)
         steps = max(summary["env_steps"], 1)
         for link, phases in summary["links"].items():
             for phase, payloads in phases.items():
@@ -89,7 +92,6 @@ class Progress:
                         payload,
                         str(sent["messages"]),
                         human_bytes(sent["bytes"]),
-                        str(sent["elements"]),
                         f"{sent['bytes'] / steps:.0f}",
                     )
         self.console.print(table)

@@ -1,0 +1,29 @@
+"""The run summary table: every link, phase and payload name whole on an 80-column terminal."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from rich.console import Console
+
+from splitrl.cli.progress import Progress
+from splitrl.core.metrics import Link, Payload
+
+
+def test_the_summary_table_fits_80_columns_without_cutting_names(tmp_path):
+    counts = {"messages": 1_234_567, "bytes": 123_456_789_012, "elements": 9_876_543_210}
+    ends = {"sent": counts, "received": counts}
+    payloads = {payload: ends for payload in get_args(Payload)}
+    summary = {
+        "env_steps": 750_000,
+        "env_steps_per_second": 91.2,
+        "links": {link: {"rollout": payloads, "training": payloads, "weights": payloads} for link in get_args(Link)},
+    }
+    progress = Progress(750_000, interactive=False)
+    progress.console = Console(width=80, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
+    progress.print_summary(summary, tmp_path / "summary.json")
+    text = progress.console.export_text()
+    assert "…" not in text, text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for link in get_args(Link):
+        assert link in text
