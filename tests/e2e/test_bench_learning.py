@@ -24,6 +24,7 @@ def bench(tmp_path, frames: int, *extra: str) -> subprocess.CompletedProcess[str
     return subprocess.run(command, capture_output=True, text=True, timeout=400)
 
 
+@pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
 def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     first = bench(tmp_path, 1200)
     assert first.returncode == 0, first.stdout + first.stderr
@@ -48,6 +49,7 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 3
 
 
+@pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
 def test_the_stable_baselines3_reference_trains_beside_splitrl(tmp_path):
     result = bench(tmp_path, 1280, "--sb3-reference")
     assert result.returncode == 0, result.stdout + result.stderr

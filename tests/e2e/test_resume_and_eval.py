@@ -29,6 +29,7 @@ def learner_version(run_dir: Path) -> int:
     return int(torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)["version"])
 
 
+@pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
 def test_resume_continues_the_version_the_env_steps_and_the_curve(tmp_path):
     run_dir = tmp_path / "run"
     first = splitrl(
