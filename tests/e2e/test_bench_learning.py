@@ -39,6 +39,10 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     again = bench(tmp_path, 1200)  # everything done: nothing is trained or evaluated again
     assert again.returncode == 0 and "training to" not in again.stdout
     assert len(run_dir_files.load_evals(run_dir)) == 2
+    (tmp_path / "out" / "learning.md").unlink()
+    report = bench(tmp_path, 999_999, "--report-only")  # a bigger budget, but only the report is written
+    assert report.returncode == 0 and "training to" not in report.stdout
+    assert "| cloud:frame | 0 | 1,200 |" in (tmp_path / "out" / "learning.md").read_text()
 
     extended = bench(tmp_path, 1800)
     assert extended.returncode == 0, extended.stdout + extended.stderr

@@ -124,6 +124,10 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"{row.slug}_seed{seed}"
             started = time.monotonic()
+            if settings.report_only:
+                if run_dir_files.load_curve(run_dir):
+                    results.append(summarize_run(row.spec, seed, run_dir, repeat))
+                continue
             try:
                 train(settings, row, seed, run_dir, repeat)
             except KeyboardInterrupt:
@@ -137,6 +141,10 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
     if settings.sb3_reference:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"sb3-ppo_seed{seed}"
+            if settings.report_only:
+                if run_dir_files.load_curve(run_dir):
+                    results.append(summarize_run("sb3-ppo", seed, run_dir, repeat, networked=False))
+                continue
             try:
                 train_reference(settings, seed, run_dir, repeat)
             except KeyboardInterrupt:

@@ -159,6 +159,9 @@ class LearningBenchSettings(Settings):
     )
     final_episodes: int = Field(100, ge=1, description="Unseen episodes of each run's final evaluation.")
     out: Path = Field(Path("runs/bench-learning"), description="Output directory: runs/, learning.md, .json, PNG.")
+    report_only: bool = Field(
+        False, description="Train and evaluate nothing: write the table and figure from the runs under OUT as they are."
+    )
     sb3_reference: bool = Field(
         False,
         description="Also train Stable-Baselines3 PPO on the same env, recipe and frames per seed (row sb3-ppo; "
