@@ -14,10 +14,13 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, get_args
 
+from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.cli import run_dir as run_dir_files
 from splitrl.cli.args import load_config, to_argv
@@ -61,21 +64,19 @@ def _action_repeat(settings: LearningBenchSettings) -> int:
     return int(UpSettings.model_validate(load_config(settings.config, UpSettings)).action_repeat)
 
 
+def _budget(settings: LearningBenchSettings, repeat: int) -> Budget:
+    return Budget.of_frames(
+        settings.frames, settings.segment_frames, repeat, settings.eval_episodes, settings.final_episodes
+    )
+
+
 def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, repeat: int) -> None:
     """Bring one run to the frame budget, segment by segment, each followed by an evaluation."""
-    total_steps = -(-settings.frames // repeat)
-    segment_steps = max(1, settings.segment_frames // repeat)
-    while True:
-        curve = run_dir_files.load_curve(run_dir)
-        done = int(curve[-1]["env_steps"]) if curve else 0
-        evaluated = {e.get("env_steps") for e in run_dir_files.load_evals(run_dir)}
-        if curve and done not in evaluated:
-            episodes = settings.final_episodes if done >= total_steps else settings.eval_episodes
-            _call(_splitrl("eval", str(run_dir), "--episodes", str(episodes)), f"eval {run_dir}")
-            continue
-        if done >= total_steps:
-            return
-        target = min(total_steps, (done // segment_steps + 1) * segment_steps)
+
+    def evaluate(episodes: int) -> None:
+        _call(_splitrl("eval", str(run_dir), "--episodes", str(episodes)), f"eval {run_dir}")
+
+    def train_to(_: dict[str, float], target: int) -> None:
         if (run_dir / run_dir_files.SETTINGS_FILE).exists():
             command = _splitrl("up", "--resume", str(run_dir), "--steps", str(target))
         else:
@@ -84,6 +85,8 @@ def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, r
         print(f"  {row.spec} seed {seed}: training to {target * repeat:,} frames", flush=True)
         _call(command, f"up {run_dir}", quiet=True)
 
+    run_segments(run_dir, _budget(settings, repeat), evaluate, train_to)
+
 
 def train_reference(settings: LearningBenchSettings, seed: int, run_dir: Path, repeat: int) -> None:
     """The Stable-Baselines3 PPO row on the recipe's cloud settings (splitrl.bench.sb3_reference)."""
@@ -91,14 +94,7 @@ def train_reference(settings: LearningBenchSettings, seed: int, run_dir: Path, r
     from splitrl.cli.up import UpSettings
 
     recipe = UpSettings.model_validate({**load_config(settings.config, UpSettings), "seed": seed})
-    train_sb3(
-        run_dir,
-        recipe,
-        total_steps=-(-settings.frames // repeat),
-        segment_steps=max(1, settings.segment_frames // repeat),
-        eval_episodes=settings.eval_episodes,
-        final_episodes=settings.final_episodes,
-    )
+    train_sb3(run_dir, recipe, _budget(settings, repeat))
 
 
 def _call(command: list[str], what: str, quiet: bool = False) -> None:
@@ -119,41 +115,36 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
         f"learning bench: {len(rows)} rows x {len(settings.seeds)} seeds, {settings.frames:,} frames each "
         f"(action repeat {repeat}), recipe {settings.config}"
     )
-    results = []
+    #: (row label, seed, run dir, how to train it, whether it has WAN links): splitrl's rows, then the SB3 peer.
+    runs: list[tuple[str, int, Path, Callable[[], None], bool]] = []
     for row in rows:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"{row.slug}_seed{seed}"
-            started = time.monotonic()
-            if settings.report_only:
-                if run_dir_files.load_curve(run_dir):
-                    results.append(summarize_run(row.spec, seed, run_dir, repeat))
-                continue
-            try:
-                train(settings, row, seed, run_dir, repeat)
-            except KeyboardInterrupt:
-                print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-                return 130
-            except RuntimeError as error:
-                print(f"{row.spec} seed {seed}: {error}; see {run_dir / 'logs'}", file=sys.stderr)
-                return 1
-            results.append(summarize_run(row.spec, seed, run_dir, repeat))
-            print(f"  {row.spec} seed {seed}: done ({time.monotonic() - started:.0f} s this call)")
+            runs.append((row.spec, seed, run_dir, partial(train, settings, row, seed, run_dir, repeat), True))
     if settings.sb3_reference:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"sb3-ppo_seed{seed}"
-            if settings.report_only:
-                if run_dir_files.load_curve(run_dir):
-                    results.append(summarize_run("sb3-ppo", seed, run_dir, repeat, networked=False))
-                continue
-            try:
-                train_reference(settings, seed, run_dir, repeat)
-            except KeyboardInterrupt:
-                print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
-                return 130
-            except ValueError as error:
-                print(f"splitrl bench learning: {error}", file=sys.stderr)
-                return 2
-            results.append(summarize_run("sb3-ppo", seed, run_dir, repeat, networked=False))
+            runs.append(("sb3-ppo", seed, run_dir, partial(train_reference, settings, seed, run_dir, repeat), False))
+    results = []
+    for label, seed, run_dir, train_run, networked in runs:
+        started = time.monotonic()
+        if settings.report_only:
+            if run_dir_files.load_curve(run_dir):
+                results.append(summarize_run(label, seed, run_dir, repeat, networked))
+            continue
+        try:
+            train_run()
+        except KeyboardInterrupt:
+            print("\ninterrupted; rerun the same command to resume", file=sys.stderr)
+            return 130
+        except RuntimeError as error:
+            print(f"{label} seed {seed}: {error}; see {run_dir / 'logs'}", file=sys.stderr)
+            return 1
+        except ValueError as error:  # the reference peer's extra is not installed
+            print(f"splitrl bench learning: {error}", file=sys.stderr)
+            return 2
+        results.append(summarize_run(label, seed, run_dir, repeat, networked))
+        print(f"  {label} seed {seed}: done ({time.monotonic() - started:.0f} s this call)")
     for path in write_learning_report(results, settings.out):
         print(f"wrote {path}")
     print((settings.out / "learning.md").read_text())

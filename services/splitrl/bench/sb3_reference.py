@@ -29,6 +29,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from splitrl.bench.segments import Budget, run_segments
 from splitrl.cli import run_dir as run_dir_files
 from splitrl.cli.evaluate import EvalSettings, evaluate_actor
 from splitrl.cli.up import UpSettings
@@ -151,28 +152,21 @@ def _same(actor: _SB3Actor, _: ActionSpec) -> _SB3Actor:
     return actor
 
 
-def train_sb3(
-    run_dir: Path, run: UpSettings, total_steps: int, segment_steps: int, eval_episodes: int, final_episodes: int
-) -> None:
-    """Bring the SB3 row to `total_steps` agent steps in segments, each saved and evaluated (resumable)."""
+def train_sb3(run_dir: Path, run: UpSettings, budget: Budget) -> None:
+    """Bring the SB3 row to `budget.total_steps` agent steps in segments, each saved and evaluated (resumable)."""
     sb3 = _require_sb3()
     torch.set_num_threads(run.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir_files.save_settings(run_dir, run.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     model_path = run_dir / "checkpoints" / MODEL_FILE
-    while True:
-        curve = run_dir_files.load_curve(run_dir)
-        offset = curve[-1] if curve else run_dir_files.zero_point()
+
+    def evaluate(episodes: int) -> None:
+        actor = _SB3Actor(sb3.PPO.load(model_path, device="cpu"), run)
+        settings = EvalSettings.model_validate({"episodes": episodes})
+        evaluate_actor(run_dir, run, partial(_same, actor), settings)
+
+    def train_to(offset: dict[str, float], target: int) -> None:
         done = int(offset["env_steps"])
-        if curve and done not in {e.get("env_steps") for e in run_dir_files.load_evals(run_dir)}:
-            actor = _SB3Actor(sb3.PPO.load(model_path, device="cpu"), run)
-            episodes = final_episodes if done >= total_steps else eval_episodes
-            settings = EvalSettings.model_validate({"episodes": episodes})
-            evaluate_actor(run_dir, run, partial(_same, actor), settings)
-            continue
-        if done >= total_steps:
-            return
-        target = min(total_steps, (done // segment_steps + 1) * segment_steps)
         venv = _vector_env(run, run.seed + done)  # a resumed run plays tracks it has not played yet
         model = sb3.PPO.load(model_path, env=venv, device="cpu") if model_path.exists() else None
         model = model or _new_model(run, venv, run.seed)
@@ -184,3 +178,5 @@ def train_sb3(
         for point in curve_logger.points:  # after the save, so a run killed mid-segment resumes consistently
             run_dir_files.append_curve(run_dir, point)
         venv.close()
+
+    run_segments(run_dir, budget, evaluate, train_to)

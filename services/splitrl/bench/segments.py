@@ -1,0 +1,50 @@
+"""Training a run to a budget in segments, each followed by an evaluation: the loop every learning-bench row uses.
+
+The run directory is the only state (curve.jsonl and evals.jsonl, splitrl.cli.run_dir), so an
+interrupted loop resumes where it stopped: a segment end not yet evaluated is evaluated first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from splitrl.cli import run_dir as run_dir_files
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Agent steps to train to, per segment, and episodes per evaluation (the last one: `final_episodes`)."""
+
+    total_steps: int
+    segment_steps: int
+    eval_episodes: int
+    final_episodes: int
+
+    @classmethod
+    def of_frames(
+        cls, frames: int, segment_frames: int, action_repeat: int, eval_episodes: int, final_episodes: int
+    ) -> Budget:
+        """Frame budgets (agent steps x action repeat) as agent steps; the total rounded up."""
+        return cls(-(-frames // action_repeat), max(1, segment_frames // action_repeat), eval_episodes, final_episodes)
+
+
+def run_segments(
+    run_dir: Path,
+    budget: Budget,
+    evaluate: Callable[[int], None],
+    train_to: Callable[[dict[str, float], int], None],
+) -> None:
+    """Until `budget.total_steps`: `evaluate(episodes)` the curve's last point if no evaluation has it, else
+    `train_to(last_point, target_steps)` the next segment end (last_point: the curve's, or zeros)."""
+    while True:
+        curve = run_dir_files.load_curve(run_dir)
+        last = curve[-1] if curve else run_dir_files.zero_point()
+        done = int(last["env_steps"])
+        if curve and done not in {e.get("env_steps") for e in run_dir_files.load_evals(run_dir)}:
+            evaluate(budget.final_episodes if done >= budget.total_steps else budget.eval_episodes)
+            continue
+        if done >= budget.total_steps:
+            return
+        train_to(last, min(budget.total_steps, (done // budget.segment_steps + 1) * budget.segment_steps))
