@@ -16,7 +16,6 @@ from typing import Any
 from splitrl.bench.settings import RETURN_TOLERANCE
 from splitrl.cli.plots import mean_return_between
 from splitrl.core import scrape
-from splitrl.core.metrics import WAN_LINKS
 from splitrl.core.video import VideoSettings
 
 PHASES = ("rollout", "training", "weights")
@@ -83,14 +82,8 @@ def load_run(run_dir: Path, return_window: float = 0.2) -> RunResult:
     links = summary.get("links") or {}
     sent_bytes = scrape.link_totals(links)
     link_bytes = {f"{link}/{phase}": sent for (link, phase), sent in sent_bytes.items()}
-    wan_bytes = {phase: 0 for phase in PHASES}
-    wan_elements = {phase: 0 for phase in PHASES}
-    for (link, phase), sent in sent_bytes.items():
-        if link in WAN_LINKS:
-            wan_bytes[phase] = wan_bytes.get(phase, 0) + sent
-    for (link, phase), sent in scrape.link_totals(links, unit="elements").items():
-        if link in WAN_LINKS:
-            wan_elements[phase] = wan_elements.get(phase, 0) + sent
+    wan_bytes = {phase: 0 for phase in PHASES} | scrape.wan_by_phase(links)
+    wan_elements = {phase: 0 for phase in PHASES} | scrape.wan_by_phase(links, unit="elements")
     return RunResult(
         run_dir=run_dir,
         row=label,

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
-from splitrl.core.metrics import WAN_LINKS
 
 
 class TensorBoardLog:
@@ -48,11 +47,7 @@ class TensorBoardLog:
         _, lag_sum, lag_count = scrape.histogram(texts, "splitrl_policy_lag")
         if lag_count:
             self.writer.add_scalar("charts/policy_lag", lag_sum / lag_count, step)
-        wan: dict[str, float] = {}
-        for (link, phase), sent in scrape.sent_bytes(scrape.link_counts(texts)).items():
-            if link in WAN_LINKS:
-                wan[phase] = wan.get(phase, 0.0) + sent
-        for phase, phase_bytes in wan.items():
+        for phase, phase_bytes in scrape.wan_by_phase(scrape.link_counts(texts)).items():
             self.writer.add_scalar(f"network/wan_bytes/{phase}", phase_bytes, step)
         if step:
             self.writer.add_scalar("network/wan_bytes_per_step", point["wan_bytes"] / step, step)

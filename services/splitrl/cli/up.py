@@ -27,7 +27,6 @@ from splitrl.cli.progress import Progress
 from splitrl.cli.tensorboard import TensorBoardLog
 from splitrl.core import certs, scrape
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings, TlsMode
-from splitrl.core.metrics import WAN_LINKS
 from splitrl.core.video import VideoSettings
 
 
@@ -291,7 +290,7 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
 
     `wan_bytes` is every byte sent on a WAN link so far (each direction counted once, by its sender).
     """
-    wan = sum(sent for (link, _), sent in scrape.sent_bytes(scrape.link_counts(texts)).items() if link in WAN_LINKS)
+    wan = sum(scrape.wan_by_phase(scrape.link_counts(texts)).values())
     return {
         "env_steps": scrape.total(texts, "splitrl_env_steps_total"),
         "episodes": scrape.total(texts, "splitrl_episode_return_count"),
@@ -328,10 +327,7 @@ def build_summary(
     _extend_curve(curve, run_dir_files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
     links = scrape.link_counts(texts)
-    wan_bytes: dict[str, int] = {}
-    for (link, phase), sent in scrape.sent_bytes(links).items():
-        if link in WAN_LINKS:
-            wan_bytes[phase] = wan_bytes.get(phase, 0) + sent
+    wan_bytes = scrape.wan_by_phase(links)
     episodes = int(scrape.total(texts, "splitrl_episode_return_count"))
     return_sum = scrape.total(texts, "splitrl_episode_return_sum")
     return {

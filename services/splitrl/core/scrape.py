@@ -13,6 +13,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from splitrl.core.metrics import WAN_LINKS
+
 _LINK_FAMILIES = {
     "splitrl_link_bytes": "bytes",
     "splitrl_link_messages": "messages",
@@ -63,6 +65,15 @@ def link_totals(links: dict[str, Any], *, direction: str = "sent", unit: str = "
 def sent_bytes(links: dict[str, Any]) -> dict[tuple[str, str], int]:
     """Bytes sent per (link, phase), over all payloads, from a `link_counts` result."""
     return link_totals(links)
+
+
+def wan_by_phase(links: dict[str, Any], unit: str = "bytes") -> dict[str, int]:
+    """`unit` sent on WAN links (each direction once, by its sender) per phase, from a `link_counts` result."""
+    wan: dict[str, int] = {}
+    for (link, phase), sent in link_totals(links, unit=unit).items():
+        if link in WAN_LINKS:
+            wan[phase] = wan.get(phase, 0) + sent
+    return wan
 
 
 def total(texts: Iterable[str], sample_name: str) -> float:
