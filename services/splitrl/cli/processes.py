@@ -119,8 +119,8 @@ class Supervisor:
     A death is any exit while the run goes on, except the environment exiting 0 (its step budget is done).
     Each restart waits a jittered backoff (core.backoff), is logged to stderr and to the service's log, and is
     counted in `restarts`; a service that dies more than `max_restarts` times raises GaveUp with its log's last
-    lines. Counters die with a process: `texts()` adds each dead incarnation's last scraped /metrics to the live
-    ones, so run totals keep counting what it did (up to one scrape interval is lost).
+    lines. Counters die with a process: adding `retired_texts()` (each dead incarnation's last scraped /metrics)
+    to `live_texts()` keeps run totals counting what it did (up to one scrape interval is lost).
     """
 
     def __init__(
@@ -159,8 +159,8 @@ class Supervisor:
     def environment_done(self) -> bool:
         return self.children["environment"].process.poll() == 0 or "environment" in self._finished
 
-    def texts(self) -> list[str]:
-        """/metrics of every live service, plus the last scrape of each dead incarnation."""
+    def live_texts(self) -> list[str]:
+        """/metrics of every live service (gauges are only meaningful here; counters add `retired_texts`)."""
         texts = []
         for name, child in self.children.items():
             try:
@@ -168,7 +168,7 @@ class Supervisor:
             except (OSError, KeyError):
                 continue  # shutting down, or never served; the next update will do
             texts.append(self._last_text[name])
-        return texts + self.retired_texts()
+        return texts
 
     def retired_texts(self, name: str | None = None) -> list[str]:
         """The last /metrics scraped from each dead incarnation (of `name`, or of every service)."""

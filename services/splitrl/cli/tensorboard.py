@@ -29,8 +29,9 @@ class TensorBoardLog:
         self.writer: Any = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         self._previous: dict[str, float] | None = None
 
-    def add(self, point: dict[str, float], texts: list[str], offset: dict[str, float]) -> None:
-        """Log `point` (cumulative, as the curve holds it) with the services' /metrics `texts` of this segment."""
+    def add(self, point: dict[str, float], texts: list[str], live_texts: list[str], offset: dict[str, float]) -> None:
+        """Log `point` (cumulative, as the curve holds it) with this segment's /metrics: `texts` for counters
+        (restarted services' dead incarnations included), `live_texts` for gauges (the losses)."""
         step = int(point["env_steps"])
         previous = self._previous or offset
         finished = point["episodes"] - previous["episodes"]
@@ -41,7 +42,7 @@ class TensorBoardLog:
         if seconds > 0:
             self.writer.add_scalar("charts/steps_per_second", (step - previous["env_steps"]) / seconds, step)
         self.writer.add_scalar("charts/learner_updates", point["updates"], step)
-        for name, labels, value in (sample for text in texts for sample in scrape.samples(text)):
+        for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
             if name == "splitrl_learner_loss":
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
         _, lag_sum, lag_count = scrape.histogram(texts, "splitrl_policy_lag")

@@ -232,12 +232,13 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
         started = time.monotonic()
         while not supervisor.environment_done():
             supervisor.watch()
-            texts = supervisor.texts()
+            live = supervisor.live_texts()
+            texts = live + supervisor.retired_texts()
             progress.update(texts, time.monotonic() - started, supervisor.restarts)
             seconds = round(time.monotonic() - started, 3)
             point = run_dir_files.shifted(_curve_point(texts) | {"seconds": seconds}, offset)
             if _extend_curve(curve, point, run_dir) and tensorboard is not None:
-                tensorboard.add(point, texts, offset)
+                tensorboard.add(point, texts, live, offset)
             time.sleep(settings.progress_interval_s)
         elapsed = time.monotonic() - started
     except KeyboardInterrupt:
@@ -262,7 +263,8 @@ def run_up(settings: UpSettings, resume: bool = False) -> int:
     summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if tensorboard is not None:  # the final counters too: a short run may update only near its end
-        tensorboard.add(curve[-1], final_texts(run_dir, supervisor), offset)
+        shutdown = shutdown_texts(run_dir)
+        tensorboard.add(curve[-1], shutdown + supervisor.retired_texts(), shutdown, offset)
         tensorboard.close()
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses UpSettings too, and needs no matplotlib
 
@@ -300,9 +302,9 @@ def _curve_point(texts: list[str]) -> dict[str, float]:
     }
 
 
-def final_texts(run_dir: Path, supervisor: Supervisor) -> list[str]:
-    """The final /metrics each service wrote on shutdown, plus the last scrapes of incarnations that died."""
-    return [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))] + supervisor.retired_texts()
+def shutdown_texts(run_dir: Path) -> list[str]:
+    """The final /metrics each service wrote on shutdown."""
+    return [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
 
 
 def build_summary(
@@ -322,7 +324,7 @@ def build_summary(
     counters; each point's `seconds` count service-serving time over all segments.
     """
     offset = offset or run_dir_files.zero_point()
-    texts = final_texts(run_dir, supervisor)
+    texts = shutdown_texts(run_dir) + supervisor.retired_texts()  # a restarted service's earlier counters too
     final = _curve_point(texts) | {"seconds": round(elapsed_s, 3)}
     _extend_curve(curve, run_dir_files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, "splitrl_env_steps_total"))
