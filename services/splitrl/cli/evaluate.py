@@ -34,7 +34,7 @@ from splitrl.core.config import Settings
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder
-from splitrl.core.video import VideoSettings, VideoStreamDecoder, VideoStreamEncoder
+from splitrl.core.video import VideoStreamDecoder, VideoStreamEncoder
 
 EVAL_SEED_BASE = 1_000_000_000
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
@@ -88,7 +88,7 @@ class Agent:
         self.stacker = FrameStacker(1, self.run.frame_stack, size, size)
         self.first = True
         if self.run.mode == "cloud" and self.run.codec == "h264":  # a keyframe starts every stream
-            self.video_in = VideoStreamEncoder(size, run_video_settings(self.run))
+            self.video_in = VideoStreamEncoder(size, self.run)  # UpSettings is VideoSettings
             self.video_out = VideoStreamDecoder(size, 1)
 
     @torch.no_grad()
@@ -129,10 +129,6 @@ def run_settings(run_dir: Path) -> UpSettings:
             raise
         saved = json.loads(summary.read_text())["settings"]
     return UpSettings.model_validate(saved)
-
-
-def run_video_settings(run: UpSettings) -> VideoSettings:
-    return VideoSettings.model_validate({name: getattr(run, name) for name in VideoSettings.model_fields})
 
 
 class Actor(Protocol):
