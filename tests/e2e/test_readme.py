@@ -1,7 +1,9 @@
-"""README's commands run as written: the one-by-one services example, and every `--help` it points to."""
+"""README's commands run as written: the first run (and that it learns), the one-by-one services example,
+`certs`, `plot` and `report`, and every `--help` README points to."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -11,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from splitrl.cli.plots import mean_return_between
+
 pytestmark = pytest.mark.e2e
 
-README = Path(__file__).parents[2] / "README.md"
+REPO = Path(__file__).parents[2]
+README = REPO / "README.md"
+RANDOM_RETURN = -0.67  # Catch: the paddle covers 2 of 12 columns
 
 
 def bash_block_after(heading: str) -> str:
@@ -23,6 +29,61 @@ def bash_block_after(heading: str) -> str:
     match = re.search(r"```bash\n(.*?)```", section, re.S)
     assert match, f"no bash block after {heading!r}"
     return match.group(1)
+
+
+def commands_starting(prefix: str) -> list[str]:
+    """Every command in README that starts with `prefix`, in bash blocks (continuations joined) or inline code.
+
+    Mentions without arguments and synopses with placeholders (`[--days 365]`, `RUN_DIR`) are left out.
+    """
+    text = README.read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S)).replace("\\\n", " ")
+    lines = [line.split("  #")[0].strip() for line in blocks.splitlines()]
+    found = [line for line in lines if line.startswith(prefix)]
+    found += re.findall(rf"`({re.escape(prefix)}[^`]*)`", text)
+    return [command for command in found if " --" in command and "[" not in command and "DIR" not in command]
+
+
+def shell(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """`command` in bash with this interpreter's scripts (`splitrl`) first on PATH."""
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    return subprocess.run(
+        ["bash", "-e", "-c", command], cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.mark.timeout(900)
+def test_the_first_run_learns_catch_and_its_plot_and_report_commands_run(tmp_path):
+    """Quick start's run command, as written (plus --run-dir), from random play to >= +0.8 (issue 16)."""
+    [run_command] = [line for line in bash_block_after("## Quick start").splitlines() if "splitrl up" in line]
+    run_dir = tmp_path / "first-run"
+    result = shell(f"{run_command.split('#')[0]} --run-dir {run_dir}", cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    steps = summary["env_steps"]
+    first, _ = mean_return_between(summary["curve"], 0, steps // 10)
+    last, last_episodes = mean_return_between(summary["curve"], int(0.8 * steps), steps)
+    assert first < RANDOM_RETURN + 0.25, f"the first tenth already scores {first:+.2f}"
+    assert last_episodes >= 100 and last >= 0.8, f"{last:+.2f} over the last 20% ({last_episodes} episodes)"
+
+    (run_dir / "learning.png").unlink()
+    for synopsis in ["splitrl plot RUN_DIR", "splitrl report RUN_DIR..."]:  # as README writes them
+        assert f"`{synopsis}`" in README.read_text(), synopsis
+        result = shell(synopsis.replace("RUN_DIR...", "RUN_DIR").replace("RUN_DIR", str(run_dir)), tmp_path, 120)
+        assert result.returncode == 0, f"{synopsis}: {result.stdout}{result.stderr}"
+    assert (run_dir / "learning.png").stat().st_size > 10_000
+    assert (run_dir / "report" / "report.md").exists()
+
+
+def test_readmes_certs_commands_run_as_written(tmp_path):
+    commands = commands_starting("splitrl certs")
+    assert len(commands) >= 2, commands
+    for command in commands:
+        result = shell(command, cwd=tmp_path, timeout=120)
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+    for host in ["inference", "learner", "replay", "edge-encoder", "environment"]:
+        assert (tmp_path / "deploy" / "tls" / f"{host}.pem").exists()
+        assert (tmp_path / "deploy" / "tls" / f"{host}-key.pem").stat().st_mode & 0o004  # chmod a+r ran
 
 
 def test_the_services_one_by_one_example_runs_as_written(tmp_path):
