@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from splitrl.cli.plots import mean_return_between
+from splitrl.run.summary import mean_return_between
 
 MODES = ("cloud", "split", "split-accumulate")
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from splitrl.cli.args import settings_from_args
+from splitrl.core.args import settings_from_args
 from tests.deploy import kube
 from tests.deploy.conftest import REPO, missing, promtool, tool
 from tests.deploy.kube import APP, NAMESPACE, Manifest, PodTemplate

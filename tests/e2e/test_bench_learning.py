@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from splitrl.cli import run_dir as run_dir_files
+from splitrl.run import files as run_dir_files
 
 pytestmark = pytest.mark.e2e
 

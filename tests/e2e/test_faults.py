@@ -26,17 +26,19 @@ from typing import Any
 import grpc
 import pytest
 
-from splitrl.cli.processes import START_ORDER, Child, spawn, stop_all, wait_ready
-from splitrl.cli.up import UpSettings, service_flags
 from splitrl.core import scrape, trajectory
+from splitrl.core.config import ServerSettings
 from splitrl.core.step_ids import prefix_of
 from splitrl.replay.settings import ReplaySettings
+from splitrl.run.launcher import Child, spawn, stop_all, wait_ready
+from splitrl.run.plan import START_ORDER, plan
+from splitrl.run.settings import RunSettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
 pytestmark = pytest.mark.e2e
 
 NUM_ENVS = 4
-SETTINGS = UpSettings(
+SETTINGS = RunSettings(
     mode="split-accumulate",
     env="splitrl/Catch-v0",
     frame_size=36,
@@ -67,12 +69,12 @@ def counter(text: str, name: str, **labels: str) -> float:
 
 
 class Cluster:
-    """The five service processes, their flags (kept for restarts) and a poller of replay's acknowledged count."""
+    """The five service processes, their settings (kept for restarts) and a poller of replay's acknowledged count."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.children: dict[str, Child] = {}
-        self.flags: dict[str, dict[str, Any]] = {}
+        self.settings: dict[str, ServerSettings] = {}
         self.acked: list[float] = []  # replay's acknowledged items, each poll that reached it
         self._polling = threading.Event()
 
@@ -80,12 +82,16 @@ class Cluster:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "metrics").mkdir(exist_ok=True)
         for name in START_ORDER:
-            flags = service_flags(name, SETTINGS, self.children, self.run_dir) | overrides(name, self.run_dir)
-            self.flags[name] = flags
-            self.children[name] = spawn(name, flags, self.run_dir)
-            wait_ready(self.children[name], Path(flags["port_file"]), self.run_dir, 120)
-        for name, child in self.children.items():
-            self.flags[name]["port"] = child.ports["grpc"]  # a restart binds the same port: peers redial it
+            addresses = {peer: f"127.0.0.1:{child.ports['grpc']}" for peer, child in self.children.items()}
+            planned = plan(SETTINGS, self.run_dir, addresses)[name]
+            settings = type(planned).model_validate(
+                planned.model_dump(exclude_unset=True) | overrides(name, self.run_dir)
+            )
+            self.settings[name] = settings
+            self.children[name] = spawn(name, settings, self.run_dir)
+            wait_ready(self.children[name], settings.port_file, self.run_dir, 120)
+        for name, child in self.children.items():  # a restart binds the same port: peers redial it
+            self.settings[name] = self.settings[name].model_copy(update={"port": child.ports["grpc"]})
 
     def restart(self, name: str) -> float:
         """SIGKILL `name`, start it again with the same flags; returns the monotonic time of the restart."""
@@ -93,8 +99,8 @@ class Cluster:
         child.process.send_signal(signal.SIGKILL)
         child.process.wait(10)
         restarted = time.monotonic()
-        self.children[name] = spawn(name, self.flags[name], self.run_dir)
-        wait_ready(self.children[name], Path(self.flags[name]["port_file"]), self.run_dir, 120)
+        self.children[name] = spawn(name, self.settings[name], self.run_dir)
+        wait_ready(self.children[name], self.settings[name].port_file, self.run_dir, 120)
         return restarted
 
     def metrics(self, name: str) -> str:
@@ -107,7 +113,7 @@ class Cluster:
         return {name: child.process.poll() for name, child in self.children.items()}
 
     def replay_address(self) -> str:
-        return f"127.0.0.1:{self.flags['replay']['port']}"
+        return f"127.0.0.1:{self.settings['replay'].port}"
 
     def acknowledged(self) -> float:
         """Replay's acknowledged item count: its persistent gauge once replay has one, else Info's inserts."""
@@ -139,7 +145,7 @@ class Cluster:
 
 
 def overrides(name: str, run_dir: Path) -> dict[str, Any]:
-    """Flags beyond `splitrl up`'s: replay keeps items to sample for the stitching check (and persists them when
+    """Settings beyond `splitrl up`'s plan: replay keeps items to sample for the stitching check (and persists them when
     it can); the learner checkpoints every update, so a restart resumes at (about) the published version."""
     if name == "replay":
         persistence = {"data_dir": run_dir / "replay-data"} if "data_dir" in ReplaySettings.model_fields else {}

@@ -26,7 +26,7 @@ import sys
 
 import pytest
 
-from splitrl.cli.plots import mean_return_between
+from splitrl.run.summary import mean_return_between
 
 pytestmark = pytest.mark.e2e
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from splitrl.cli.plots import mean_return_between
+from splitrl.run.summary import mean_return_between
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import av
 import pytest
 import torch
 
-from splitrl.cli import run_dir as run_dir_files
+from splitrl.run import files as run_dir_files
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Starting real splitrl services in this process, on ephemeral loopback ports.
+"""Starting real splitrl services in this process, on ephemeral loopback ports, from a run's plan.
 
 Each service gets its own metrics registry and its own /metrics HTTP port,
 exactly as in separate processes; only the event loop is shared.
@@ -7,25 +7,27 @@ exactly as in separate processes; only the event loop is shared.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from splitrl.core import scrape
+from splitrl.core.config import Mode, ObservationCodec
 from splitrl.core.metrics import Metrics
 from splitrl.core.service import ServiceHost
 from splitrl.edge_encoder.service import EdgeEncoderService
-from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.environment.service import EnvironmentService
-from splitrl.environment.settings import EnvironmentSettings
 from splitrl.inference.service import InferenceService
-from splitrl.inference.settings import InferenceSettings
 from splitrl.learner.service import LearnerService
-from splitrl.learner.settings import LearnerSettings
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
+from splitrl.run.plan import START_ORDER, amended, plan
+from splitrl.run.settings import RunSettings
 
 FAST_ENV = "splitrl/Catch-v0"
 
@@ -41,15 +43,16 @@ def address(host: ServiceHost) -> str:
 
 @dataclass
 class Stack:
-    """The rollout services (and optionally the learner), started in dial order."""
+    """The rollout services (and optionally the learner), started in dial order from one plan of a run."""
 
     hosts: dict[str, ServiceHost] = field(default_factory=dict)
+    run_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="splitrl-stack-")))
 
     @classmethod
     async def start(
         cls,
-        mode: str,
-        codec: str = "frame",
+        mode: Mode,
+        codec: ObservationCodec = "frame",
         *,
         num_envs: int = 2,
         steps: int = 0,
@@ -62,55 +65,42 @@ class Stack:
         replay: dict | None = None,
         environment: dict | None = None,
     ) -> Stack:
-        """Start replay, inference, [a learner with `learner` settings], edge-encoder, environment."""
-        # Plaintext, explicitly: tests dial these services with rpc.insecure_channel (test_security covers TLS).
-        shared: dict[str, Any] = {"env": env, "env_kwargs": env_kwargs or {}, "width": width, "tls": "plaintext"}
+        """Start replay, inference, [a learner amended with `learner`], edge-encoder, environment.
+
+        Every service's settings come from `splitrl.run.plan` (as in `splitrl up`), amended with the given
+        dicts; `steps` 0 runs the envs until stopped. Plaintext, explicitly: tests dial these services with
+        rpc.insecure_channel (test_security covers TLS).
+        """
+        run = RunSettings(
+            mode=mode,
+            codec=codec,
+            num_envs=num_envs,
+            unroll_length=unroll_length,
+            width=width,
+            env=env,
+            env_kwargs=env_kwargs or {},
+            steps=max(steps, 1),
+            replay_max_size=ReplaySettings.model_fields["max_size"].default,
+            tls="plaintext",
+        )
+        overrides = {
+            "replay": replay or {},
+            "inference": {},
+            "learner": learner or {},
+            "edge-encoder": edge or {},
+            "environment": {"max_steps": steps, **(environment or {})},
+        }
+        services = {"replay": ReplayService, "inference": InferenceService, "learner": LearnerService}
+        services |= {"edge-encoder": EdgeEncoderService, "environment": EnvironmentService}
         stack = cls()
         try:
-            stack.hosts["replay"] = await start(ReplayService, ReplaySettings(tls="plaintext", **(replay or {})))
-            stack.hosts["inference"] = await start(
-                InferenceService,
-                InferenceSettings(
-                    **shared,
-                    mode=mode,
-                    codec=codec,
-                    replay_address=address(stack.hosts["replay"]),
-                    unroll_length=unroll_length,
-                ),
-            )
-            if learner is not None:
-                stack.hosts["learner"] = await start(
-                    LearnerService,
-                    LearnerSettings(
-                        **shared,
-                        mode=mode,
-                        replay_address=address(stack.hosts["replay"]),
-                        inference_address=address(stack.hosts["inference"]),
-                        **learner,
-                    ),
-                )
-            learner_address = address(stack.hosts["learner"]) if "learner" in stack.hosts else "127.0.0.1:1"
-            stack.hosts["edge-encoder"] = await start(
-                EdgeEncoderService,
-                EdgeEncoderSettings(
-                    **shared,
-                    mode=mode,
-                    codec=codec,
-                    inference_address=address(stack.hosts["inference"]),
-                    learner_address=learner_address,
-                    **(edge or {}),
-                ),
-            )
-            stack.hosts["environment"] = await start(
-                EnvironmentService,
-                EnvironmentSettings(
-                    **shared,
-                    num_envs=num_envs,
-                    max_steps=steps,
-                    encoder_address=address(stack.hosts["edge-encoder"]),
-                    **(environment or {}),
-                ),
-            )
+            for name in START_ORDER:
+                if name == "learner" and learner is None:
+                    continue
+                addresses = {peer: address(host) for peer, host in stack.hosts.items()}
+                addresses.setdefault("learner", "127.0.0.1:1")  # no learner: the edge's training link is refused
+                planned = plan(run, stack.run_dir, addresses)[name]
+                stack.hosts[name] = await start(services[name], amended(planned, **overrides[name]))
         except BaseException:
             await stack.stop()  # nothing half-started outlives a failed start
             raise
@@ -145,6 +135,7 @@ class Stack:
         return {name: scrape.fetch(host.metrics_port) for name, host in self.hosts.items()}
 
     async def stop(self) -> None:
-        for name in ("environment", "edge-encoder", "learner", "inference", "replay"):
+        for name in reversed(START_ORDER):
             if name in self.hosts:
                 await self.hosts[name].stop()
+        shutil.rmtree(self.run_dir, ignore_errors=True)

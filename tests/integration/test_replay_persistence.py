@@ -17,8 +17,8 @@ from typing import Any
 import grpc
 import pytest
 
-from splitrl.cli.args import to_argv
 from splitrl.core import scrape
+from splitrl.core.args import to_argv
 from splitrl.core.service import SHUTDOWN_MARGIN_S
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc

@@ -1,4 +1,4 @@
-"""splitrl.cli.args: flag > SPLITRL_* variable > default, with the model's validation in the message."""
+"""splitrl.core.args: flag > SPLITRL_* variable > default, with the model's validation in the message."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from splitrl.cli.args import add_settings_arguments, env_name, flag_name, settings_from_args
 from splitrl.cli.main import build_parser
+from splitrl.core.args import add_settings_arguments, env_name, flag_name, settings_from_args
 from splitrl.core.config import Settings
 from splitrl.environment.settings import EnvironmentSettings
 
@@ -165,7 +165,7 @@ def test_bool_flag_help_shows_both_forms():
 
 
 def test_to_argv_round_trips_booleans_as_flag_and_no_flag():
-    from splitrl.cli.args import to_argv
+    from splitrl.core.args import to_argv
     from splitrl.edge_encoder.settings import EdgeEncoderSettings
 
     parser = argparse.ArgumentParser()
@@ -180,10 +180,10 @@ def test_to_argv_round_trips_booleans_as_flag_and_no_flag():
 
 
 def up_settings(parser, *flags: str, environ: dict[str, str] | None = None):
-    from splitrl.cli.up import UpSettings
+    from splitrl.run.settings import RunSettings
 
     namespace = parser.parse_args(["up", *flags])
-    return settings_from_args(UpSettings, namespace, environ={} if environ is None else environ)
+    return settings_from_args(RunSettings, namespace, environ={} if environ is None else environ)
 
 
 def test_config_file_sets_values_and_flags_and_variables_override_it(parser, tmp_path):

@@ -11,7 +11,8 @@ import pytest
 from matplotlib.image import imread
 
 from splitrl.cli.main import main
-from splitrl.cli.plots import curve_bins, mean_return_between, plot_run
+from splitrl.cli.plots import plot_run
+from splitrl.run.summary import curve_bins, mean_return_between
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -8,8 +8,8 @@ import pytest
 
 from splitrl.bench.learning import Row
 from splitrl.bench.settings import LearningBenchSettings
-from splitrl.cli import run_dir as run_dir_files
-from splitrl.cli.evaluate import EvalSettings, summarize
+from splitrl.run import files as run_dir_files
+from splitrl.run.evaluate import EvalSettings, summarize
 
 
 def point(steps: float, **extra: float) -> dict[str, float]:

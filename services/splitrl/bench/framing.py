@@ -24,11 +24,12 @@ from pathlib import Path
 
 from pydantic import Field
 
-from splitrl.cli.processes import START_ORDER, Child, spawn, stop_all, wait_ready
-from splitrl.cli.up import UpSettings, prepare_tls, service_flags
 from splitrl.core import scrape
 from splitrl.core.config import TlsMode
-from splitrl.core.metrics import WAN_LINKS
+from splitrl.core.metrics import ENV_STEPS, WAN_LINKS
+from splitrl.run.launcher import Child, spawn, stop_all, wait_ready
+from splitrl.run.plan import START_ORDER, amended, plan, prepare_tls
+from splitrl.run.settings import RunSettings
 
 EDGE_IP, CLOUD_IP = "10.200.0.1", "10.200.0.2"
 CLOUD_SERVICES = ("replay", "inference", "learner")
@@ -36,7 +37,7 @@ CLOUD_SERVICES = ("replay", "inference", "learner")
 L2_L4_HEADER_BYTES = 66
 
 
-class FramingSettings(UpSettings):
+class FramingSettings(RunSettings):
     """Run the stack split across two network namespaces and compare WAN counters with the veth's byte counters."""
 
     uplink_kbit: int | None = Field(None, ge=8, description="Shape the edge's uplink to this rate (tbf), in kbit/s.")
@@ -188,23 +189,17 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     namespaces = _Namespaces(str(os.getpid() % 1_000_000))
     namespaces.create(settings.uplink_kbit)
     children: dict[str, Child] = {}
+    hosts = {name: CLOUD_IP if name in CLOUD_SERVICES else "127.0.0.1" for name in START_ORDER}
     try:
         prepare_tls(settings, run_dir)
         for name in START_ORDER:
-            flags = service_flags(name, settings, children, run_dir)
+            addresses = {peer: f"{hosts[peer]}:{child.ports['grpc']}" for peer, child in children.items()}
+            planned = plan(settings, run_dir, addresses, hosts=hosts)[name]
             if settings.tls != "plaintext":  # peers are dialled at CLOUD_IP, which the loopback certificates lack
-                flags["tls_server_name"] = "localhost"
-            cloud = name in CLOUD_SERVICES
-            flags["host"] = CLOUD_IP if cloud else "127.0.0.1"
-            if name == "edge-encoder":
-                flags["inference_address"] = f"{CLOUD_IP}:{children['inference'].ports['grpc']}"
-                flags["learner_address"] = f"{CLOUD_IP}:{children['learner'].ports['grpc']}"
-            for dialled in ("replay_address", "inference_address"):
-                if cloud and dialled in flags:
-                    flags[dialled] = flags[dialled].replace("127.0.0.1", CLOUD_IP)
-            prefix = ("ip", "netns", "exec", namespaces.cloud if cloud else namespaces.edge)
-            children[name] = spawn(name, flags, run_dir, prefix)
-            wait_ready(children[name], Path(flags["port_file"]), run_dir, settings.start_timeout_s)
+                planned = amended(planned, tls_server_name="localhost")
+            namespace = namespaces.cloud if name in CLOUD_SERVICES else namespaces.edge
+            children[name] = spawn(name, planned, run_dir, ("ip", "netns", "exec", namespace))
+            wait_ready(children[name], planned.port_file, run_dir, settings.start_timeout_s)
         started = time.monotonic()
         try:
             children["environment"].process.wait(settings.timeout_s)
@@ -222,7 +217,7 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
         direction: sum(b for (link, _), b in scrape.link_totals(edge, direction=direction).items() if link in WAN_LINKS)
         for direction in ("sent", "received")
     }
-    steps = scrape.total([(run_dir / "metrics" / "environment.prom").read_text()], "splitrl_env_steps_total")
+    steps = scrape.total([(run_dir / "metrics" / "environment.prom").read_text()], f"{ENV_STEPS}_total")
     return FramingResult(
         mode=settings.mode,
         codec=_wan_codec(settings),

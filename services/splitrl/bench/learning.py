@@ -22,10 +22,10 @@ from typing import Any, get_args
 
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings
-from splitrl.cli import run_dir as run_dir_files
-from splitrl.cli.args import load_config, to_argv
-from splitrl.cli.plots import mean_return_between
+from splitrl.core.args import load_config, to_argv
 from splitrl.core.models import Bottleneck
+from splitrl.run import files as run_dir_files
+from splitrl.run.summary import mean_return_between
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ def _splitrl(*args: str) -> list[str]:
 
 
 def _action_repeat(settings: LearningBenchSettings) -> int:
-    from splitrl.cli.up import UpSettings
+    from splitrl.run.settings import RunSettings
 
-    return int(UpSettings.model_validate(load_config(settings.config, UpSettings)).action_repeat)
+    return int(RunSettings.model_validate(load_config(settings.config, RunSettings)).action_repeat)
 
 
 def _budget(settings: LearningBenchSettings, repeat: int) -> Budget:
@@ -91,9 +91,9 @@ def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, r
 def train_reference(settings: LearningBenchSettings, seed: int, run_dir: Path, repeat: int) -> None:
     """The Stable-Baselines3 PPO row on the recipe's cloud settings (splitrl.bench.sb3_reference)."""
     from splitrl.bench.sb3_reference import train_sb3
-    from splitrl.cli.up import UpSettings
+    from splitrl.run.settings import RunSettings
 
-    recipe = UpSettings.model_validate({**load_config(settings.config, UpSettings), "seed": seed})
+    recipe = RunSettings.model_validate({**load_config(settings.config, RunSettings), "seed": seed})
     train_sb3(run_dir, recipe, _budget(settings, repeat))
 
 

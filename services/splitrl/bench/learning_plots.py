@@ -8,7 +8,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from splitrl.cli.plots import curve_bins
+from splitrl.run.summary import curve_bins
 
 
 def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:

@@ -20,7 +20,7 @@ from typing import Any
 from splitrl.bench.report import write_report
 from splitrl.bench.results import load_run
 from splitrl.bench.settings import NetworkBenchSettings
-from splitrl.cli.args import to_argv
+from splitrl.core.args import to_argv
 from splitrl.core.config import Mode
 
 

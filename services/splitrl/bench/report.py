@@ -19,8 +19,7 @@ from matplotlib.ticker import FuncFormatter
 
 from splitrl.bench.results import PHASES, RESEARCH_BYTES_PER_STEP, Row, RunResult, best_cloud, group_rows
 from splitrl.bench.settings import RETURN_TOLERANCE
-from splitrl.cli.plots import curve_bins
-from splitrl.cli.progress import human_bytes
+from splitrl.run.summary import curve_bins, human_bytes
 
 FIGURES = ("wan_bytes_per_step.png", "cumulative_wan_bytes.png", "return_vs_wan_bytes.png", "pareto.png")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.bench.settings import RETURN_TOLERANCE
-from splitrl.cli.plots import mean_return_between
 from splitrl.core import scrape
 from splitrl.core.video import VideoSettings
+from splitrl.run.summary import mean_return_between
 
 PHASES = ("rollout", "training", "weights")
 #: The research's own figures per env step (DESIGN.md §1: CarRacing, 4x96x96 frames, width 4,096, bf16

@@ -30,11 +30,11 @@ import numpy as np
 import torch
 
 from splitrl.bench.segments import Budget, run_segments
-from splitrl.cli import run_dir as run_dir_files
-from splitrl.cli.evaluate import EvalSettings, evaluate_actor
-from splitrl.cli.up import UpSettings
 from splitrl.core.envs import make_env
 from splitrl.core.models import ActionSpec
+from splitrl.run import files as run_dir_files
+from splitrl.run.evaluate import EvalSettings, evaluate_actor
+from splitrl.run.settings import RunSettings
 
 ROW = "sb3-ppo"
 MODEL_FILE = "sb3_ppo.zip"
@@ -50,7 +50,7 @@ def _require_sb3() -> Any:
     return stable_baselines3
 
 
-def _vector_env(run: UpSettings, seed: int) -> Any:
+def _vector_env(run: RunSettings, seed: int) -> Any:
     from stable_baselines3.common.monitor import Monitor
     from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
 
@@ -70,7 +70,7 @@ def _vector_env(run: UpSettings, seed: int) -> Any:
     return VecFrameStack(vector, n_stack=run.frame_stack, channels_order="last")
 
 
-def _new_model(run: UpSettings, venv: Any, seed: int) -> Any:
+def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
     from stable_baselines3 import PPO
 
     rollout = run.unroll_length * run.chunks_per_update
@@ -133,7 +133,7 @@ def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
 class _SB3Actor:
     """An SB3 policy behind splitrl's evaluation loop; stacks frames as VecFrameStack does (zeros first)."""
 
-    def __init__(self, model: Any, run: UpSettings) -> None:
+    def __init__(self, model: Any, run: RunSettings) -> None:
         self.model, self.run = model, run
         self.version = int(model.num_timesteps // (run.unroll_length * run.chunks_per_update))
 
@@ -152,7 +152,7 @@ def _same(actor: _SB3Actor, _: ActionSpec) -> _SB3Actor:
     return actor
 
 
-def train_sb3(run_dir: Path, run: UpSettings, budget: Budget) -> None:
+def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     """Bring the SB3 row to `budget.total_steps` agent steps in segments, each saved and evaluated (resumable)."""
     sb3 = _require_sb3()
     torch.set_num_threads(run.torch_threads)

@@ -1,6 +1,6 @@
 """Training a run to a budget in segments, each followed by an evaluation: the loop every learning-bench row uses.
 
-The run directory is the only state (curve.jsonl and evals.jsonl, splitrl.cli.run_dir), so an
+The run directory is the only state (curve.jsonl and evals.jsonl, splitrl.run.files), so an
 interrupted loop resumes where it stopped: a segment end not yet evaluated is evaluated first.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from splitrl.cli import run_dir as run_dir_files
+from splitrl.run import files as run_dir_files
 
 
 @dataclass(frozen=True)

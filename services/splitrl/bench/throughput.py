@@ -25,8 +25,9 @@ from typing import Any
 from splitrl.bench.baseline import BaselineResult, run_baseline, steady_window
 from splitrl.bench.link import LinkResult, measure
 from splitrl.bench.settings import ThroughputBenchSettings
-from splitrl.cli.args import to_argv
 from splitrl.core import scrape
+from splitrl.core.args import to_argv
+from splitrl.core.metrics import HOP_LATENCY, INFERENCE_BATCH_SIZE, POLICY_LAG
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -116,11 +117,11 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     every = list(texts.values())
     hops = {}
     for hop in HOPS:
-        buckets, total, count = scrape.histogram(every, "splitrl_hop_latency_seconds", hop=hop)
+        buckets, total, count = scrape.histogram(every, HOP_LATENCY, hop=hop)
         if count:
             hops[hop] = Hop(int(count), total / count, scrape.quantile(buckets, 0.5), scrape.quantile(buckets, 0.99))
-    _, batch_sum, batch_count = scrape.histogram(every, "splitrl_inference_batch_size")
-    lag_buckets, lag_sum, lag_count = scrape.histogram(every, "splitrl_policy_lag")
+    _, batch_sum, batch_count = scrape.histogram(every, INFERENCE_BATCH_SIZE)
+    lag_buckets, lag_sum, lag_count = scrape.histogram(every, POLICY_LAG)
     return StackResult(
         mode=mode,
         steps=steps,

@@ -12,14 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitrl.cli.args import (
+from splitrl.core.args import (
     add_config_argument,
     add_settings_arguments,
     given_values,
     settings_from_args,
     validate_settings,
 )
-from splitrl.cli.run_dir import load_evals
+from splitrl.run.files import load_evals
 
 
 def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
@@ -49,8 +49,8 @@ def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from splitrl.cli.evaluate import EvalSettings
-    from splitrl.cli.up import UpSettings
+    from splitrl.run.evaluate import EvalSettings
+    from splitrl.run.settings import RunSettings
 
     parser = argparse.ArgumentParser(
         prog="splitrl",
@@ -65,9 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser(
         "up",
         help="Train locally: start every service on loopback, run N env steps, write a summary.",
-        description=UpSettings.__doc__,
+        description=RunSettings.__doc__,
     )
-    add_settings_arguments(up, UpSettings)
+    add_settings_arguments(up, RunSettings)
     add_config_argument(up)
     up.add_argument(
         "--resume",
@@ -207,8 +207,8 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
 
 
 def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from splitrl.cli.evaluate import EvalSettings, evaluate
     from splitrl.cli.plots import plot_run
+    from splitrl.run.evaluate import EvalSettings, evaluate
 
     try:
         settings = settings_from_args(EvalSettings, args)
@@ -300,17 +300,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from splitrl.cli import run_dir
-    from splitrl.cli.up import UpSettings, run_up
+    from splitrl.cli.up import run_up
     from splitrl.core.envs import ensure_registered
+    from splitrl.run import files as run_dir
+    from splitrl.run.settings import RunSettings
 
     try:
-        given = given_values(UpSettings, args, os.environ)
+        given = given_values(RunSettings, args, os.environ)
         if args.resume is not None:
             if "run_dir" in given and Path(given["run_dir"]) != args.resume:
                 raise ValueError(f"--resume {args.resume} and --run-dir {given['run_dir']} name different runs")
             given = {**run_dir.load_settings(args.resume), **given, "run_dir": args.resume}
-        up_settings = validate_settings(UpSettings, given)
+        up_settings = validate_settings(RunSettings, given)
         ensure_registered(up_settings.env)  # a missing env package is named before any service starts
     except ValueError as error:
         parser.exit(2, f"splitrl up: {error}\n")

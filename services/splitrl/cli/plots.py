@@ -15,11 +15,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
-from splitrl.cli.progress import human_bytes
 from splitrl.core import scrape
 from splitrl.core.metrics import WAN_LINKS
+from splitrl.run.summary import curve_bins, human_bytes
 
-MAX_EPISODES_PER_BIN = 20
 WAN_COLOUR, LOCAL_COLOUR = "tab:red", "tab:blue"
 
 
@@ -43,44 +42,6 @@ def plot_run(summary: dict[str, Any], out: Path, evaluations: Sequence[dict[str,
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
-
-
-def curve_bins(curve: list[dict[str, float]]) -> list[tuple[float, float]]:
-    """(env step at the bin's end, mean return of the episodes finished in the bin), from cumulative samples.
-
-    Consecutive samples merge until a bin holds enough episodes: 20, or a fifth of all for short runs;
-    a short remainder joins the last bin.
-    """
-    total = curve[-1]["episodes"] if curve else 0
-    needed = max(1.0, min(MAX_EPISODES_PER_BIN, total // 5))
-    ends: list[dict[str, float]] = []
-    start = {"episodes": 0.0}
-    for point in curve:
-        if point["episodes"] - start["episodes"] >= needed:
-            ends.append(point)
-            start = point
-    if ends and curve[-1]["episodes"] > ends[-1]["episodes"]:
-        ends[-1] = curve[-1]
-    starts = [{"episodes": 0.0, "return_sum": 0.0}, *ends]
-    return [
-        (end["env_steps"], (end["return_sum"] - start["return_sum"]) / (end["episodes"] - start["episodes"]))
-        for start, end in zip(starts, ends, strict=False)
-    ]
-
-
-def mean_return_between(curve: list[dict[str, float]], first: float, last: float) -> tuple[float | None, int]:
-    """(mean return, episodes) of the episodes finished between env steps `first` and `last` of a run's curve.
-
-    The window runs from the first sample at or after `first` to the last at or before `last`; the mean is
-    None when no episode finished in it.
-    """
-    inside = [point for point in curve if first <= point["env_steps"] <= last]
-    if len(inside) < 2:
-        return None, 0
-    episodes = int(inside[-1]["episodes"] - inside[0]["episodes"])
-    if episodes == 0:
-        return None, 0
-    return (inside[-1]["return_sum"] - inside[0]["return_sum"]) / episodes, episodes
 
 
 def _say(axes: Axes, message: str) -> None:

@@ -10,14 +10,8 @@ from rich.live import Live
 from rich.table import Table
 
 from splitrl.core import scrape
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
+from splitrl.core.metrics import ENV_STEPS
+from splitrl.run.summary import human_bytes
 
 
 def _restarts(restarts: dict[str, int] | None) -> str:
@@ -44,7 +38,7 @@ class Progress:
         self._sent: dict[tuple[str, str], int] = {}
 
     def update(self, texts: list[str], elapsed_s: float, restarts: dict[str, int] | None = None) -> None:
-        self._steps = max(self._steps, int(scrape.total(texts, "splitrl_env_steps_total")))
+        self._steps = max(self._steps, int(scrape.total(texts, f"{ENV_STEPS}_total")))
         rate = self._steps / elapsed_s if elapsed_s > 0 else 0.0
         steps = self.done_steps + self._steps
         for key, value in scrape.sent_bytes(scrape.link_counts(texts)).items():

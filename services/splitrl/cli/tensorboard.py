@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
+from splitrl.core.metrics import LEARNER_LOSS, POLICY_LAG
 
 
 class TensorBoardLog:
@@ -43,9 +44,9 @@ class TensorBoardLog:
             self.writer.add_scalar("charts/steps_per_second", (step - previous["env_steps"]) / seconds, step)
         self.writer.add_scalar("charts/learner_updates", point["updates"], step)
         for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
-            if name == "splitrl_learner_loss":
+            if name == LEARNER_LOSS:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
-        _, lag_sum, lag_count = scrape.histogram(texts, "splitrl_policy_lag")
+        _, lag_sum, lag_count = scrape.histogram(texts, POLICY_LAG)
         if lag_count:
             self.writer.add_scalar("charts/policy_lag", lag_sum / lag_count, step)
         for phase, phase_bytes in scrape.wan_by_phase(scrape.link_counts(texts)).items():

@@ -2,8 +2,15 @@
 
 Each service has one frozen pydantic model. Field names are the CLI flags
 (`num_envs` -> `--num-envs`) and the environment variables (`SPLITRL_NUM_ENVS`);
-`splitrl.cli.args` does that mapping and nothing else reads the environment.
+`splitrl.core.args` does that mapping and nothing else reads the environment.
 Validation happens at construction, so a bad value fails before anything starts.
+
+What several processes must agree on is declared once, in a group (EnvSettings,
+ModeSettings, SeedSettings here; PPOSettings, VecEnvSettings, ChunkSettings,
+VideoSettings beside the service that acts on them). A service's model and the
+run's (`splitrl.run.settings.RunSettings`) inherit the groups, so a field means
+the same thing, with the same default, everywhere it appears; `splitrl.run.plan`
+copies a run's values to each service by those shared names.
 """
 
 from __future__ import annotations
@@ -30,6 +37,38 @@ class Settings(BaseModel):
     """Base of every config: frozen, unknown keys rejected."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModeSettings(Settings):
+    """Where the encoder trains and how each payload crosses the WAN: the same for every service of a run."""
+
+    mode: Mode = Field(
+        "split",
+        description="Training mode: cloud (frames cross the WAN, the whole network trains in the cloud), split "
+        "(activations up, gradients down every minibatch) or split-accumulate (activations stored in replay, a "
+        "share of gradients down).",
+    )
+    codec: ObservationCodec = Field(
+        "frame",
+        description="Cloud mode's observation codec: frame (one uint8 frame per step), frame+zstd, h264 (an "
+        "H.264 stream per env, see --video-crf) or stack-bf16 (the research's accounting).",
+    )
+    activation_codec: FloatCodec = Field(
+        "bf16",
+        description="Split modes: how activations cross the WAN (rollout and training): bf16, int8, int4 or fp8 "
+        "(per-row scale), each optionally +zstd.",
+    )
+    gradient_codec: FloatCodec = Field(
+        "bf16",
+        description="Split modes: how activation gradients cross the WAN to the edges: bf16, int8, int4 or fp8 "
+        "(per-row scale), each optionally +zstd.",
+    )
+
+
+class SeedSettings(Settings):
+    """One seed per run: envs (env i plays seed + i), initial weights (edge and cloud must agree), sampling."""
+
+    seed: int = Field(0, ge=0, description="Seed of envs, initial weights and sampling.")
 
 
 #: How gRPC links are protected (splitrl.core.security): mutual TLS (both ends show a certificate signed by the

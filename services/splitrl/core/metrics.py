@@ -31,6 +31,19 @@ Direction = Literal["sent", "received"]
 Phase = Literal["rollout", "training", "weights"]
 Payload = Literal["observation", "activation", "action", "gradient", "trajectory", "ack", "batch", "request", "weights"]
 
+#: Families that readers of /metrics text (run summaries, progress, TensorBoard, benches) look up by name.
+#: A counter's sample is NAME_total; a summary's are NAME_count and NAME_sum; a histogram's NAME_bucket too.
+LINK_BYTES = "splitrl_link_bytes"
+LINK_MESSAGES = "splitrl_link_messages"
+LINK_ELEMENTS = "splitrl_link_elements"
+ENV_STEPS = "splitrl_env_steps"
+EPISODE_RETURN = "splitrl_episode_return"
+INFERENCE_BATCH_SIZE = "splitrl_inference_batch_size"
+HOP_LATENCY = "splitrl_hop_latency_seconds"
+LEARNER_UPDATES = "splitrl_learner_updates"
+LEARNER_LOSS = "splitrl_learner_loss"
+POLICY_LAG = "splitrl_policy_lag"
+
 LINK_LABELS = ("link", "direction", "phase", "payload")
 #: Seconds; roughly x1.5-2 apart so that p50 / p99 read from buckets are within ~25% (`splitrl bench throughput`).
 _LATENCY_BUCKETS = (
@@ -88,32 +101,32 @@ class Metrics:
             registry=registry,
         )
         self.link_bytes = Counter(
-            "splitrl_link_bytes",
+            LINK_BYTES,
             "Serialized protobuf bytes moved on a link, as counted at this end.",
             LINK_LABELS,
             registry=registry,
         )
         self.link_messages = Counter(
-            "splitrl_link_messages",
+            LINK_MESSAGES,
             "Messages moved on a link, as counted at this end.",
             LINK_LABELS,
             registry=registry,
         )
         self.link_elements = Counter(
-            "splitrl_link_elements",
+            LINK_ELEMENTS,
             "Tensor elements ('numbers') moved on a link, as counted at this end.",
             LINK_LABELS,
             registry=registry,
         )
         self.env_steps = Counter(
-            "splitrl_env_steps",
+            ENV_STEPS,
             "Agent steps taken, summed over all envs (one per env per action).",
             registry=registry,
         )
         # A Summary, not a Histogram: prometheus-client drops a histogram's _sum when buckets go negative,
         # and mean return = rate(_sum) / rate(_count) is what dashboards and run summaries need.
         self.episode_return = Summary(
-            "splitrl_episode_return", "Undiscounted return of each finished episode.", registry=registry
+            EPISODE_RETURN, "Undiscounted return of each finished episode.", registry=registry
         )
         self.episode_length = Histogram(
             "splitrl_episode_length",
@@ -122,13 +135,13 @@ class Metrics:
             registry=registry,
         )
         self.inference_batch_size = Histogram(
-            "splitrl_inference_batch_size",
+            INFERENCE_BATCH_SIZE,
             "Env rows in each batch the policy ran on.",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
             registry=registry,
         )
         self.hop_latency = Histogram(
-            "splitrl_hop_latency_seconds",
+            HOP_LATENCY,
             "Latency of one hop: a request/response round trip as seen by the caller, or a stage inside a service.",
             ["hop"],
             buckets=_LATENCY_BUCKETS,
@@ -225,14 +238,12 @@ class Metrics:
             ["method", "code"],
             registry=registry,
         )
-        self.learner_updates = Counter(
-            "splitrl_learner_updates", "Policy updates completed by the learner.", registry=registry
-        )
+        self.learner_updates = Counter(LEARNER_UPDATES, "Policy updates completed by the learner.", registry=registry)
         self.learner_loss = Gauge(
-            "splitrl_learner_loss", "Mean of each loss term over the last update.", ["term"], registry=registry
+            LEARNER_LOSS, "Mean of each loss term over the last update.", ["term"], registry=registry
         )
         self.policy_lag = Histogram(
-            "splitrl_policy_lag",
+            POLICY_LAG,
             "Versions between the learner's policy and the oldest action of a sampled chunk.",
             buckets=(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 50),
             registry=registry,

@@ -13,12 +13,12 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from splitrl.core.metrics import WAN_LINKS
+from splitrl.core.metrics import LINK_BYTES, LINK_ELEMENTS, LINK_MESSAGES, WAN_LINKS
 
 _LINK_FAMILIES = {
-    "splitrl_link_bytes": "bytes",
-    "splitrl_link_messages": "messages",
-    "splitrl_link_elements": "elements",
+    LINK_BYTES: "bytes",
+    LINK_MESSAGES: "messages",
+    LINK_ELEMENTS: "elements",
 }
 
 

@@ -150,6 +150,7 @@ class ServiceHost:
         await self.service.stop()
         self.stage = "writing final metrics"
         if self.settings.final_metrics_file is not None:
+            self.settings.final_metrics_file.parent.mkdir(parents=True, exist_ok=True)
             self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
         self.stage = "closing /metrics"
         self._http.shutdown()  # type: ignore[attr-defined]

@@ -6,26 +6,14 @@ from pathlib import Path
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, ServerSettings
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings
 from splitrl.core.video import VideoSettings
 
 
-class EdgeEncoderSettings(ServerSettings, EnvSettings, RedialSettings, VideoSettings):
-    """Settings of `splitrl serve edge-encoder`."""
+class EdgeEncoderSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings):
+    """Settings of `splitrl serve edge-encoder`. `seed` sets the encoder's initial weights: the learner's must match."""
 
     inference_address: str = Field("127.0.0.1:50052", description="host:port of inference (the edge dials out).")
-    mode: Mode = Field("split", description="Training mode: what crosses the WAN (see DESIGN.md §3).")
-    codec: ObservationCodec = Field(
-        "frame",
-        description="Cloud mode only: 'frame' (one uint8 frame per step), 'frame+zstd' (compressed), 'h264' "
-        "(an H.264 stream per env, see --video-crf) or 'stack-bf16' (the research's accounting).",
-    )
-    activation_codec: FloatCodec = Field(
-        "bf16",
-        description="Split modes: how activations cross the WAN (rollout and training): bf16, int8, int4 or "
-        "fp8 (per-row scale), each optionally +zstd.",
-    )
-    seed: int = Field(0, ge=0, description="Seed of the encoder's initial weights (must match the learner's).")
     edge_id: str = Field(
         default_factory=socket.gethostname, description="Name of this edge in logs (not a metric label)."
     )

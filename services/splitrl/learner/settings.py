@@ -1,3 +1,5 @@
+"""Settings of `splitrl serve learner`, and the PPO group a run (`splitrl up`) shares with it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,33 +8,24 @@ from typing import Literal
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, FloatCodec, Mode, ServerSettings
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
 
 
-class LearnerSettings(ServerSettings, EnvSettings, RedialSettings):
-    """Settings of `splitrl serve learner`. PPO defaults follow CleanRL's Atari recipe."""
+class PPOSettings(Settings):
+    """One PPO update and its optimizer. Defaults follow CleanRL's Atari recipe."""
 
-    replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
-    replay_table: str = Field("rollouts", description="Replay table to sample from.")
-    inference_address: str = Field("127.0.0.1:50052", description="host:port of inference, where weights go.")
-    mode: Mode = Field(
-        "split",
-        description="Training mode; cloud trains encoder + head here, split modes train the head here "
-        "and the encoder on the edges that dial in (port --port).",
-    )
-    seed: int = Field(0, ge=0, description="Seed of the initial weights and of minibatch shuffling.")
-    chunks_per_update: int = Field(32, ge=1, description="Trajectory chunks in one PPO update (x unroll_length steps).")
+    chunks_per_update: int = Field(16, ge=1, description="Trajectory chunks in one PPO update (x unroll_length steps).")
     epochs: int = Field(4, ge=1, description="Passes over each update's data (the research used 10).")
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate (the research used 5e-5).")
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
+    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")
     reward_scale: float = Field(
         1.0,
         gt=0,
         description="Rewards are multiplied by this before advantages and value targets (returns of hundreds, "
         "as CarRacing's, train a unit-scale value head badly); reported returns are unscaled.",
     )
-    gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")
     clip: float = Field(0.2, gt=0, description="PPO ratio clip.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
@@ -40,19 +33,23 @@ class LearnerSettings(ServerSettings, EnvSettings, RedialSettings):
     correction: Literal["gae", "vtrace"] = Field(
         "gae", description="Advantages: GAE on behaviour values (PPO), or V-trace off-policy correction."
     )
-    max_policy_lag: int = Field(
-        10, ge=0, description="Drop chunks whose oldest action is more than this many versions behind."
-    )
     encoder_fraction: float = Field(
         0.25,
         ge=0,
         le=1,
         description="split-accumulate: share of each minibatch's rows whose activation gradients go down to the edge.",
     )
-    gradient_codec: FloatCodec = Field(
-        "bf16",
-        description="Split modes: how activation gradients cross the WAN to the edges: bf16, int8 or fp8 "
-        "(per-row scale), each optionally +zstd.",
+
+
+class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, PPOSettings, RedialSettings):
+    """Settings of `splitrl serve learner`. `seed` sets the initial weights and minibatch shuffling; in split
+    modes the encoder trains on the edges that dial in (port --port)."""
+
+    replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
+    replay_table: str = Field("rollouts", description="Replay table to sample from.")
+    inference_address: str = Field("127.0.0.1:50052", description="host:port of inference, where weights go.")
+    max_policy_lag: int = Field(
+        10, ge=0, description="Drop chunks whose oldest action is more than this many versions behind."
     )
     max_encoder_lag: int = Field(
         64,

@@ -1,9 +1,10 @@
 """Service processes of a local run: start one, wait until it serves, stop them all, keep them alive.
 
 `splitrl up` and `splitrl bench framing` start every service as its own
-process (`splitrl serve NAME`), logging to RUN_DIR/logs/NAME.log. A child dies
-with its parent (PR_SET_PDEATHSIG). `Supervisor` restarts a service that dies
-mid-run, as compose and Kubernetes restart a crashed container.
+process (`splitrl serve NAME` with the flags of its planned settings,
+splitrl.run.plan), logging to RUN_DIR/logs/NAME.log. A child dies with its
+parent (PR_SET_PDEATHSIG). `Supervisor` restarts a service that dies mid-run,
+as compose and Kubernetes restart a crashed container.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from splitrl.cli.args import to_argv
 from splitrl.core import scrape
+from splitrl.core.args import settings_argv
 from splitrl.core.backoff import Backoff
-
-START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
+from splitrl.core.config import ServerSettings
+from splitrl.run.plan import START_ORDER
 
 
 @dataclass
@@ -40,15 +40,18 @@ def _die_with_parent() -> None:
 
 
 def spawn(
-    name: str, flags: dict[str, Any], run_dir: Path, prefix: Sequence[str] = (), append_log: bool = False
+    name: str, settings: ServerSettings, run_dir: Path, prefix: Sequence[str] = (), append_log: bool = False
 ) -> Child:
-    """Start one service process; it is stopped with the others even if it never becomes ready.
+    """Start one service process with `settings` (a port_file is required); it is stopped with the others even if
+    it never becomes ready.
 
     `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
     `append_log`: a restart adds to the service's log instead of replacing it.
     """
-    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *to_argv(flags)]
-    Path(flags["port_file"]).unlink(missing_ok=True)  # a reused run dir must not hand out old ports
+    if settings.port_file is None:
+        raise ValueError(f"{name}: a spawned service needs a port_file to say it serves")
+    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *settings_argv(settings)]
+    settings.port_file.unlink(missing_ok=True)  # a reused run dir must not hand out old ports
     log = (run_dir / "logs" / f"{name}.log").open("ab" if append_log else "wb")
     process = subprocess.Popen(
         command,
@@ -74,9 +77,10 @@ def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
     return "".join(f"\n    {line}" for line in lines)
 
 
-def wait_ready(child: Child, port_file: Path, run_dir: Path, timeout_s: float) -> None:
+def wait_ready(child: Child, port_file: Path | None, run_dir: Path, timeout_s: float) -> None:
     """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
     than `timeout_s`."""
+    assert port_file is not None, "spawn refuses services without a port_file"
     log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
     while not port_file.exists():
@@ -126,15 +130,15 @@ class Supervisor:
     def __init__(
         self,
         run_dir: Path,
-        flags_for: Callable[[str], dict[str, Any] | None],
+        settings_for: Callable[[str], ServerSettings | None],
         *,
         max_restarts: int,
         start_timeout_s: float,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 5.0),
     ) -> None:
-        """`flags_for(name)`: the service's flags now (ports are pinned here after the first start); None only for
-        the environment, when it has no steps left to take."""
-        self.run_dir, self.flags_for = run_dir, flags_for
+        """`settings_for(name)`: the service's settings now (ports are pinned here after the first start); None
+        only for the environment, when it has no steps left to take."""
+        self.run_dir, self.settings_for = run_dir, settings_for
         self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
         self.children: dict[str, Child] = {}
         self.restarts: dict[str, int] = {}
@@ -147,13 +151,17 @@ class Supervisor:
     def start_all(self) -> None:
         """Start every service in order, each once the one it dials serves (StartFailed if one cannot)."""
         for name in START_ORDER:
-            self._start(name, self.flags_for(name) or {}, append_log=False)
+            settings = self.settings_for(name)
+            if settings is None:
+                raise StartFailed(f"{name}: nothing to start it for")
+            self._start(name, settings, append_log=False)
 
-    def _start(self, name: str, flags: dict[str, Any], append_log: bool) -> None:
+    def _start(self, name: str, settings: ServerSettings, append_log: bool) -> None:
         if name in self._ports:  # same address as before: peers redial it
-            flags = {**flags, "port": self._ports[name]["grpc"], "metrics_port": self._ports[name]["metrics"]}
-        self.children[name] = child = spawn(name, flags, self.run_dir, append_log=append_log)
-        wait_ready(child, Path(flags["port_file"]), self.run_dir, self.start_timeout_s)
+            pinned = {"port": self._ports[name]["grpc"], "metrics_port": self._ports[name]["metrics"]}
+            settings = settings.model_copy(update=pinned)
+        self.children[name] = child = spawn(name, settings, self.run_dir, append_log=append_log)
+        wait_ready(child, settings.port_file, self.run_dir, self.start_timeout_s)
         self._ports[name] = child.ports
 
     def environment_done(self) -> bool:
@@ -192,8 +200,8 @@ class Supervisor:
             )
         if name in self._last_text:
             self._retired[name].append(self._last_text.pop(name))
-        flags = self.flags_for(name)
-        if flags is None:  # the environment died with no steps left to take: the run is done
+        settings = self.settings_for(name)
+        if settings is None:  # the environment died with no steps left to take: the run is done
             self._finished.add(name)
             return
         self.restarts[name] = count + 1
@@ -204,6 +212,6 @@ class Supervisor:
             file.write(f"---- splitrl up: {note}\n")
         time.sleep(delay)
         try:
-            self._start(name, flags, append_log=True)
+            self._start(name, settings, append_log=True)
         except StartFailed:
             stop_child(self.children[name], timeout_s=5.0)  # the next watch() counts this as one more death

@@ -27,14 +27,14 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from splitrl.cli import run_dir as run_dir_files
-from splitrl.cli.up import UpSettings
 from splitrl.core import checkpoint, wire
 from splitrl.core.config import Settings
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder
 from splitrl.core.video import VideoStreamDecoder, VideoStreamEncoder
+from splitrl.run import files as run_dir_files
+from splitrl.run.settings import RunSettings
 
 EVAL_SEED_BASE = 1_000_000_000
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
@@ -65,7 +65,7 @@ class EvalSettings(Settings):
 class Agent:
     """The trained agent of one run directory: uint8 frames in, one action out per step."""
 
-    def __init__(self, run_dir: Path, run: UpSettings, action_spec: ActionSpec) -> None:
+    def __init__(self, run_dir: Path, run: RunSettings, action_spec: ActionSpec) -> None:
         self.run, self.action_spec = run, action_spec
         model = run.network_config()
         learner = _checkpoint(run_dir / "checkpoints" / "learner.pt")
@@ -88,7 +88,7 @@ class Agent:
         self.stacker = FrameStacker(1, self.run.frame_stack, size, size)
         self.first = True
         if self.run.mode == "cloud" and self.run.codec == "h264":  # a keyframe starts every stream
-            self.video_in = VideoStreamEncoder(size, self.run)  # UpSettings is VideoSettings
+            self.video_in = VideoStreamEncoder(size, self.run)  # RunSettings is VideoSettings
             self.video_out = VideoStreamDecoder(size, 1)
 
     @torch.no_grad()
@@ -119,7 +119,7 @@ def _checkpoint(path: Path) -> dict[str, Any]:
     return state
 
 
-def run_settings(run_dir: Path) -> UpSettings:
+def run_settings(run_dir: Path) -> RunSettings:
     """The settings `splitrl up` ran `run_dir` with (settings.json, or summary.json of older runs)."""
     try:
         saved = run_dir_files.load_settings(run_dir)
@@ -128,7 +128,7 @@ def run_settings(run_dir: Path) -> UpSettings:
         if not summary.exists():
             raise
         saved = json.loads(summary.read_text())["settings"]
-    return UpSettings.model_validate(saved)
+    return RunSettings.model_validate(saved)
 
 
 class Actor(Protocol):
@@ -148,7 +148,7 @@ def evaluate(run_dir: Path, settings: EvalSettings) -> dict[str, Any]:
 
 
 def evaluate_actor(
-    run_dir: Path, run: UpSettings, make_actor: Callable[[ActionSpec], Actor], settings: EvalSettings
+    run_dir: Path, run: RunSettings, make_actor: Callable[[ActionSpec], Actor], settings: EvalSettings
 ) -> dict[str, Any]:
     """Play `settings.episodes` episodes of `run`'s env with the actor; append the result to RUN_DIR/evals.jsonl
     at the env steps of the run's curve, and return it."""
@@ -186,7 +186,7 @@ def evaluate_actor(
     return result
 
 
-def _make_env(run: UpSettings, film: bool) -> gym.Env[Any, Any]:
+def _make_env(run: RunSettings, film: bool) -> gym.Env[Any, Any]:
     """The run's env; to film, with its RGB render on if it takes a render_mode."""
     if film and "render_mode" not in run.env_kwargs:
         try:
@@ -231,7 +231,7 @@ def summarize(returns: list[float]) -> dict[str, float]:
 class Recorder:
     """An H.264 MP4 of what a person would watch: the env's own RGB render if it has one, else the gray frames."""
 
-    def __init__(self, path: Path, run: UpSettings, env: gym.Env[Any, Any]) -> None:
+    def __init__(self, path: Path, run: RunSettings, env: gym.Env[Any, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.container = av.open(str(path), mode="w")

@@ -9,6 +9,7 @@ model, so `--num-envs 0` fails with the field's own rule and the value in the me
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import types
 import typing
@@ -109,6 +110,17 @@ def to_argv(values: Mapping[str, Any]) -> list[str]:
         else:
             argv += [flag_name(name), str(value)]
     return argv
+
+
+def settings_argv(settings: BaseModel) -> list[str]:
+    """Flags that rebuild `settings` in a child process: every field that was set (defaults stay the child's),
+    JSON for mappings and lists, and None left out (unset)."""
+    values = {
+        name: json.dumps(value) if isinstance(value, dict | list) else value
+        for name, value in settings.model_dump(mode="json", exclude_unset=True).items()
+        if value is not None
+    }
+    return to_argv(values)
 
 
 def given_values(model: type[BaseModel], namespace: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:

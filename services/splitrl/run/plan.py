@@ -1,0 +1,131 @@
+"""`plan`: every service's settings for one run, built in the parent process.
+
+A run is described once (`RunSettings`). Each service's model inherits some of the same groups
+(`SHARED_GROUPS`); `plan` copies the run's values for exactly those groups, then adds what only the
+placement knows (addresses, ports, files). Building the models here validates every value before any
+process starts: a wrong key or value fails in the parent, naming the service. `splitrl up`, the benches and
+the integration tests' stack all start services from a plan.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitrl.core import certs
+from splitrl.core.config import ServerSettings
+from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.environment.settings import EnvironmentSettings
+from splitrl.inference.settings import InferenceSettings
+from splitrl.learner.settings import LearnerSettings
+from splitrl.replay.settings import ReplaySettings
+from splitrl.run.settings import SHARED_GROUPS, RunSettings
+
+#: Services in dial order: each dials only services before it, so they start in this order.
+START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
+SERVICE_SETTINGS: dict[str, type[ServerSettings]] = {
+    "replay": ReplaySettings,
+    "inference": InferenceSettings,
+    "learner": LearnerSettings,
+    "edge-encoder": EdgeEncoderSettings,
+    "environment": EnvironmentSettings,
+}
+S = TypeVar("S", bound=ServerSettings)
+#: The address of a service that does not serve yet; plan again once it does (services start in START_ORDER).
+NOT_SERVING = "127.0.0.1:0"
+
+
+def shared_values(run: RunSettings, model: type[ServerSettings]) -> dict[str, Any]:
+    """The run's values of every shared group `model` inherits."""
+    groups = [group for group in SHARED_GROUPS if issubclass(model, group)]
+    return {name: getattr(run, name) for group in groups for name in group.model_fields}
+
+
+def plan(
+    run: RunSettings,
+    run_dir: Path,
+    addresses: Mapping[str, str] | None = None,
+    *,
+    hosts: Mapping[str, str] | None = None,
+    done_steps: int = 0,
+) -> dict[str, ServerSettings]:
+    """Every service's settings, in START_ORDER.
+
+    `addresses`: host:port each serving service is dialled at (NOT_SERVING for the rest). `hosts`: the
+    address each service binds to (127.0.0.1 unless given). `done_steps`: agent steps earlier segments of a
+    resumed run took; the environment takes the rest, on tracks it has not played. Ports are 0 (the service
+    picks one and writes it to RUN_DIR/NAME.ports.json). ValueError names the service whose settings fail.
+    """
+    if done_steps >= run.steps:
+        raise ValueError(f"the run took {done_steps} of its {run.steps} steps already: nothing left to plan")
+    addresses, hosts = addresses or {}, hosts or {}
+
+    def address(of: str) -> str:
+        return addresses.get(of, NOT_SERVING)
+
+    own: dict[str, dict[str, Any]] = {
+        "replay": {"max_size": run.replay_max_size or 2 * run.chunks_per_update},
+        "inference": {"replay_address": address("replay")},
+        "learner": {
+            "replay_address": address("replay"),
+            "inference_address": address("inference"),
+            "checkpoint_dir": run_dir / "checkpoints",
+        },
+        "edge-encoder": {
+            "inference_address": address("inference"),
+            "learner_address": address("learner"),
+            "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
+        },
+        "environment": {
+            "encoder_address": address("edge-encoder"),
+            "seed": run.seed + done_steps,  # a resumed run plays tracks it has not played yet
+            "max_steps": run.steps - done_steps,
+        },
+    }
+    planned = {}
+    for name in START_ORDER:
+        model = SERVICE_SETTINGS[name]
+        values = {
+            **shared_values(run, model),
+            "host": hosts.get(name, "127.0.0.1"),
+            "port": 0,
+            "metrics_port": 0,
+            "port_file": run_dir / f"{name}.ports.json",
+            "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
+            "torch_threads": run.torch_threads,
+            **tls_values(name, run, run_dir),
+            **own[name],
+        }
+        try:
+            planned[name] = model(**values)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+    return planned
+
+
+def amended(settings: S, **values: Any) -> S:
+    """`settings` with `values` changed, validated again (pydantic's model_copy does not validate)."""
+    return type(settings).model_validate(settings.model_dump(exclude_unset=True) | values)
+
+
+def prepare_tls(run: RunSettings, run_dir: Path) -> None:
+    """A fresh CA and a certificate per service under RUN_DIR/tls/ (none under plaintext, which warns instead)."""
+    if run.tls == "plaintext":
+        print("splitrl: --tls plaintext: links are unencrypted and unauthenticated", file=sys.stderr)
+        return
+    certs.generate(run_dir / "tls", START_ORDER)
+
+
+def tls_values(name: str, run: RunSettings, run_dir: Path) -> dict[str, Any]:
+    """Service `name`'s transport settings: its own certificate from prepare_tls, and the run's CA."""
+    if run.tls == "plaintext":
+        return {"tls": "plaintext"}
+    tls_dir = run_dir / "tls"
+    return {
+        "tls": run.tls,
+        "tls_cert_file": tls_dir / f"{name}.pem",
+        "tls_key_file": tls_dir / f"{name}-key.pem",
+        "tls_ca_file": tls_dir / "ca.pem",
+    }

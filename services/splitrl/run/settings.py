@@ -1,0 +1,57 @@
+"""`RunSettings`: one description of a whole run, the model `splitrl up` parses and saves as RUN_DIR/settings.json.
+
+It inherits the groups the services share (env, mode and codecs, seed, vectorised envs, chunks, PPO, video);
+what it declares itself is only what no service has: the step budget, the run directory, and how the local
+launcher behaves. `splitrl.run.plan` turns it into every service's settings.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode
+from splitrl.core.video import VideoSettings
+from splitrl.environment.settings import VecEnvSettings
+from splitrl.inference.settings import ChunkSettings
+from splitrl.learner.settings import PPOSettings
+
+
+class RunSettings(EnvSettings, ModeSettings, SeedSettings, VecEnvSettings, ChunkSettings, PPOSettings, VideoSettings):
+    """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
+
+    steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
+    run_dir: Path | None = Field(None, description="Where logs and summary.json go (default runs/<time>-<mode>).")
+    progress_interval_s: float = Field(1.0, gt=0, description="Seconds between live progress updates.")
+    start_timeout_s: float = Field(120.0, gt=0, description="Seconds each service may take to start serving.")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch threads per service process.")
+    replay_max_size: int | None = Field(
+        None,
+        ge=1,
+        description="Chunks replay holds, oldest evicted first. Default 2 x chunks_per_update: the learner trains "
+        "on fresh chunks (policy lag about 2 updates) instead of working through a backlog.",
+    )
+    tensorboard: bool = Field(
+        True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
+    )
+    max_restarts: int = Field(
+        5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
+    )
+    tls: TlsMode = Field(
+        "mtls",
+        description="gRPC links between the services: mtls (a throwaway CA and certificates under "
+        "RUN_DIR/tls/), tls, or plaintext (unencrypted and unauthenticated, with a warning).",
+    )
+
+
+#: The groups a run shares with services: `plan` copies exactly these fields to each service that has the group.
+SHARED_GROUPS: tuple[type[Settings], ...] = (
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    VecEnvSettings,
+    ChunkSettings,
+    PPOSettings,
+    VideoSettings,
+)

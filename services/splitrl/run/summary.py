@@ -1,0 +1,144 @@
+"""A run's summary: curve points from the services' counters, the summary.json `splitrl up` writes, and the
+readings of a curve (bins, windows) that plots, reports and tests share.
+
+A curve point holds cumulative counters at one moment (env_steps, episodes, return_sum, updates, wan_bytes,
+seconds); consecutive points give the mean return of each interval.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from splitrl.core import scrape
+from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_UPDATES
+from splitrl.run import files
+from splitrl.run.launcher import Supervisor
+from splitrl.run.settings import RunSettings
+
+MAX_EPISODES_PER_BIN = 20
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units)."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> bool:
+    """Append `point` (and log it to RUN_DIR/curve.jsonl) unless a counter went backwards: a service that just
+    exited took its series with it. Returns whether it was appended.
+
+    return_sum is not checked: negative returns make it fall.
+    """
+    if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates", "wan_bytes")):
+        curve.append(point)
+        files.append_curve(run_dir, point)
+        return True
+    return False
+
+
+def curve_point(texts: list[str]) -> dict[str, float]:
+    """Cumulative counters at one moment; consecutive points give the mean return of each interval.
+
+    `wan_bytes` is every byte sent on a WAN link so far (each direction counted once, by its sender).
+    """
+    wan = sum(scrape.wan_by_phase(scrape.link_counts(texts)).values())
+    return {
+        "env_steps": scrape.total(texts, f"{ENV_STEPS}_total"),
+        "episodes": scrape.total(texts, f"{EPISODE_RETURN}_count"),
+        "return_sum": scrape.total(texts, f"{EPISODE_RETURN}_sum"),
+        "updates": scrape.total(texts, f"{LEARNER_UPDATES}_total"),
+        "wan_bytes": float(wan),
+    }
+
+
+def shutdown_texts(run_dir: Path) -> list[str]:
+    """The final /metrics each service wrote on shutdown."""
+    return [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
+
+
+def build_summary(
+    settings: RunSettings,
+    run_dir: Path,
+    supervisor: Supervisor,
+    elapsed_s: float,
+    interrupted: bool,
+    curve: list[dict[str, float]],
+    offset: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
+
+    Counters are this segment's (services that died and were restarted included: `restarts` counts them);
+    `resumed_at` is the curve point earlier segments of a resumed run ended at
+    (zeros for a fresh run). Its `curve` is the whole run's, cumulative, ended with a point from the final
+    counters; each point's `seconds` count service-serving time over all segments.
+    """
+    offset = offset or files.zero_point()
+    texts = shutdown_texts(run_dir) + supervisor.retired_texts()  # a restarted service's earlier counters too
+    final = curve_point(texts) | {"seconds": round(elapsed_s, 3)}
+    extend_curve(curve, files.shifted(final, offset), run_dir)
+    steps = int(scrape.total(texts, f"{ENV_STEPS}_total"))
+    links = scrape.link_counts(texts)
+    wan_bytes = scrape.wan_by_phase(links)
+    episodes = int(scrape.total(texts, f"{EPISODE_RETURN}_count"))
+    return_sum = scrape.total(texts, f"{EPISODE_RETURN}_sum")
+    return {
+        "settings": json.loads(settings.model_dump_json()),
+        "interrupted": interrupted,
+        "resumed_at": offset,
+        "exit_codes": {name: child.process.returncode for name, child in supervisor.children.items()},
+        "restarts": dict(supervisor.restarts),
+        "env_steps": steps,
+        "wall_seconds": round(elapsed_s, 3),
+        "env_steps_per_second": round(steps / elapsed_s, 1) if elapsed_s > 0 else None,
+        "episodes": episodes,
+        "mean_episode_return": return_sum / episodes if episodes else None,
+        "learner_updates": int(scrape.total(texts, f"{LEARNER_UPDATES}_total")),
+        "wan_bytes": wan_bytes,
+        "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
+        "links": links,
+        "curve": curve,
+    }
+
+
+def curve_bins(curve: list[dict[str, float]]) -> list[tuple[float, float]]:
+    """(env step at the bin's end, mean return of the episodes finished in the bin), from cumulative samples.
+
+    Consecutive samples merge until a bin holds enough episodes: 20, or a fifth of all for short runs;
+    a short remainder joins the last bin.
+    """
+    total = curve[-1]["episodes"] if curve else 0
+    needed = max(1.0, min(MAX_EPISODES_PER_BIN, total // 5))
+    ends: list[dict[str, float]] = []
+    start = {"episodes": 0.0}
+    for point in curve:
+        if point["episodes"] - start["episodes"] >= needed:
+            ends.append(point)
+            start = point
+    if ends and curve[-1]["episodes"] > ends[-1]["episodes"]:
+        ends[-1] = curve[-1]
+    starts = [{"episodes": 0.0, "return_sum": 0.0}, *ends]
+    return [
+        (end["env_steps"], (end["return_sum"] - start["return_sum"]) / (end["episodes"] - start["episodes"]))
+        for start, end in zip(starts, ends, strict=False)
+    ]
+
+
+def mean_return_between(curve: list[dict[str, float]], first: float, last: float) -> tuple[float | None, int]:
+    """(mean return, episodes) of the episodes finished between env steps `first` and `last` of a run's curve.
+
+    The window runs from the first sample at or after `first` to the last at or before `last`; the mean is
+    None when no episode finished in it.
+    """
+    inside = [point for point in curve if first <= point["env_steps"] <= last]
+    if len(inside) < 2:
+        return None, 0
+    episodes = int(inside[-1]["episodes"] - inside[0]["episodes"])
+    if episodes == 0:
+        return None, 0
+    return (inside[-1]["return_sum"] - inside[0]["return_sum"]) / episodes, episodes

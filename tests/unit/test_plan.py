@@ -1,0 +1,99 @@
+"""A run is described once: `plan` builds every service's settings from one RunSettings, in the parent."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from splitrl.core.args import add_settings_arguments, settings_argv, settings_from_args
+from splitrl.run.plan import NOT_SERVING, SERVICE_SETTINGS, START_ORDER, amended, plan
+from splitrl.run.settings import SHARED_GROUPS, RunSettings
+
+RUN = RunSettings(
+    mode="split-accumulate",
+    env="splitrl/Catch-v0",
+    env_kwargs={"grid": 12},
+    frame_size=36,
+    width=32,
+    bottleneck="layernorm",
+    activation_codec="int4+zstd",
+    seed=7,
+    num_envs=8,
+    env_groups=2,
+    action_repeat=2,
+    unroll_length=16,
+    chunks_per_update=8,
+    learning_rate=5e-4,
+    video_crf=28,
+    steps=1000,
+    tls="mtls",
+)
+
+
+def test_every_service_gets_the_runs_values_of_the_groups_it_shares(tmp_path):
+    services = plan(RUN, tmp_path, {"replay": "127.0.0.1:5001", "inference": "127.0.0.1:5002"})
+    assert list(services) == list(START_ORDER)
+    for name in ("inference", "learner", "edge-encoder", "environment"):
+        settings = services[name]
+        assert (settings.width, settings.bottleneck, settings.env_kwargs) == (32, "layernorm", {"grid": 12})
+        assert settings.tls_cert_file == tmp_path / "tls" / f"{name}.pem"
+    learner, edge, inference = services["learner"], services["edge-encoder"], services["inference"]
+    assert (learner.chunks_per_update, learner.learning_rate, learner.mode, learner.seed) == (8, 5e-4, RUN.mode, 7)
+    assert (edge.activation_codec, edge.video_crf, edge.learner_address) == ("int4+zstd", 28, NOT_SERVING)
+    assert (inference.unroll_length, inference.replay_address) == (16, "127.0.0.1:5001")
+    assert learner.inference_address == "127.0.0.1:5002"
+    environment = services["environment"]
+    assert (environment.num_envs, environment.env_groups, environment.action_repeat) == (8, 2, 2)
+    assert (environment.seed, environment.max_steps) == (7, 1000)
+    assert services["replay"].max_size == 2 * 8  # replay has no seed group: its draws stay unseeded
+    assert services["replay"].seed is None
+
+
+def test_a_resumed_run_plans_the_steps_left_on_new_tracks(tmp_path):
+    environment = plan(RUN, tmp_path, done_steps=400)["environment"]
+    assert (environment.max_steps, environment.seed) == (600, 7 + 400)
+    with pytest.raises(ValueError, match="took 1000 of its 1000 steps"):
+        plan(RUN, tmp_path, done_steps=1000)
+
+
+def test_a_field_the_run_and_a_service_both_have_comes_from_one_group():
+    """Nothing of a service is declared a second time on the run (the drift that gave two defaults)."""
+    grouped = {name for group in SHARED_GROUPS for name in group.model_fields}
+    launcher_own = {"tls", "torch_threads"}  # the run's choice, turned into each service's files and threads
+    for name, model in SERVICE_SETTINGS.items():
+        twice = (set(RunSettings.model_fields) & set(model.model_fields)) - grouped - launcher_own
+        assert not twice, f"{name} and RunSettings both declare {sorted(twice)}"
+
+
+@pytest.mark.parametrize("name", START_ORDER)
+def test_planned_settings_survive_the_trip_through_a_childs_flags(tmp_path, name):
+    planned = plan(RUN, tmp_path, {"replay": "127.0.0.1:5001"})[name]
+    model = SERVICE_SETTINGS[name]
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, model)
+    parsed = settings_from_args(model, parser.parse_args(settings_argv(planned)), environ={})
+    assert parsed.model_dump(exclude={"edge_id"}) == planned.model_dump(exclude={"edge_id"})
+
+
+def test_amended_settings_are_validated_again(tmp_path):
+    learner = plan(RUN, tmp_path)["learner"]
+    assert amended(learner, checkpoint_every=1).checkpoint_every == 1
+    with pytest.raises(ValidationError, match="checkpoint_every"):
+        amended(learner, checkpoint_every=0)
+    with pytest.raises(ValidationError, match="no_such_setting"):
+        amended(learner, no_such_setting=1)
+
+
+def test_the_run_checks_what_services_would_refuse_before_anything_starts():
+    with pytest.raises(ValidationError, match="env_groups=4 exceeds num_envs=2"):
+        RunSettings(num_envs=2, env_groups=4)
+
+
+def test_port_files_and_final_metrics_land_in_the_run_directory(tmp_path: Path):
+    for name, settings in plan(RUN, tmp_path).items():
+        assert settings.port_file == tmp_path / f"{name}.ports.json"
+        assert settings.final_metrics_file == tmp_path / "metrics" / f"{name}.prom"
+        assert (settings.port, settings.metrics_port) == (0, 0)
