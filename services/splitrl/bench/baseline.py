@@ -57,7 +57,7 @@ def run_baseline(settings: ThroughputBenchSettings) -> BaselineResult:
     try:
         spec = action_spec_from_space(envs.single_action_space)
         model = settings.network_config()
-        policy = Policy(cloud=True, model=model, action_spec=spec, seed=0)
+        policy = Policy("cloud", model=model, action_spec=spec, seed=0)
         stacker = FrameStacker(n, settings.frame_stack, settings.frame_size, settings.frame_size)
         started = time.perf_counter()
         frames, _ = envs.reset(seed=0)

@@ -8,11 +8,14 @@ other width adds a linear bottleneck after the convolutions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
+
+if TYPE_CHECKING:  # config imports this module
+    from splitrl.core.config import Mode
 
 
 @dataclass(frozen=True)
@@ -143,3 +146,9 @@ class ActorCritic(nn.Module):
 
     def forward(self, stacks: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         return self.head(self.encoder(stacks))
+
+
+def cloud_network(mode: Mode, model: ModelConfig, action_spec: ActionSpec) -> nn.Module:
+    """The network the cloud (inference, learner) holds in `mode`: the whole ActorCritic in cloud mode, its head
+    alone in the split modes, whose encoders live on the edges. Inputs: uint8 frame stacks, or activations."""
+    return ActorCritic(model, action_spec) if mode == "cloud" else ActorCriticHead(model.width, action_spec)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, ModelConfig
+from splitrl.core.config import Mode
+from splitrl.core.models import ActionSpec, ModelConfig, cloud_network
 
 
 @dataclass
@@ -22,11 +23,11 @@ class Decisions:
 class Policy:
     """Samples actions. `version` counts the weight updates applied (0 = initial weights)."""
 
-    def __init__(self, cloud: bool, model: ModelConfig, action_spec: ActionSpec, seed: int) -> None:
+    def __init__(self, mode: Mode, model: ModelConfig, action_spec: ActionSpec, seed: int) -> None:
+        """`mode` decides what it acts on (core.models.cloud_network): frame stacks in cloud mode, activations
+        in the split modes. `seed` sets the initial weights (the learner's, same seed, match) and sampling."""
         torch.manual_seed(seed)
-        self.network: torch.nn.Module = (
-            ActorCritic(model, action_spec) if cloud else ActorCriticHead(model.width, action_spec)
-        )
+        self.network = cloud_network(mode, model, action_spec)
         self.network.eval()
         self.action_spec = action_spec
         self.version = 0

@@ -54,7 +54,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.codec = codecs.stream_codec(settings.mode, settings.codec)
         self.model_config = settings.network_config()
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
-        self.policy = Policy(settings.mode == "cloud", self.model_config, self.action_spec, settings.seed)
+        self.policy = Policy(settings.mode, self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
         self._decoding = (

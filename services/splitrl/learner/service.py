@@ -26,7 +26,7 @@ from splitrl.core import checkpoint, rpc, trajectory, weights
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
-from splitrl.core.models import ActorCritic, ActorCriticHead
+from splitrl.core.models import cloud_network
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
@@ -67,7 +67,7 @@ class LearnerService:
         spec = action_spec_of(settings.env, settings.env_kwargs)
         if settings.mode == "cloud":
             self.edges: EdgeLinks | None = None
-            self.trainer = Trainer(ActorCritic(model, spec), settings)
+            self.trainer = Trainer(cloud_network("cloud", model, spec), settings)
         else:
             self.edges = EdgeLinks(
                 metrics,
@@ -76,7 +76,7 @@ class LearnerService:
                 gradient_codec=settings.gradient_codec,
                 activation_bound=settings.activation_bound(),
             )
-            self.trainer = Trainer(ActorCriticHead(model.width, spec), settings, self.edges)
+            self.trainer = Trainer(cloud_network(settings.mode, model, spec), settings, self.edges)
         self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
         self.version = 0
         #: Replay cursor, checkpointed: items this learner has sampled (over restarts) and the newest key.
@@ -221,16 +221,17 @@ class LearnerService:
     def _record(self, stats: UpdateStats) -> None:
         self.metrics.learner_updates.inc()
         self.metrics.policy_version.set(self.version)
-        for term in ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction"):
-            self.metrics.learner_loss.labels(term=term).set(getattr(stats, term))
+        for term, value in stats.losses.items():
+            self.metrics.learner_loss.labels(term=term).set(value)
+        losses = stats.losses
         log.info(
             "update %d: %d steps, policy %.3f value %.3f entropy %.3f kl %.4f",
             self.version,
             stats.steps,
-            stats.policy_loss,
-            stats.value_loss,
-            stats.entropy,
-            stats.approx_kl,
+            losses.policy_loss,
+            losses.value_loss,
+            losses.entropy,
+            losses.approx_kl,
         )
 
     def _checkpoint_path(self) -> Path | None:

@@ -10,7 +10,7 @@ What a minibatch trains on depends on the mode (DESIGN.md §3):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -35,9 +35,13 @@ class EdgeTraining(Protocol):
 
 @dataclass
 class Batch:
-    """B chunks of T steps stacked: observations [B, T+1, ...], per-step fields [B, T]."""
+    """B chunks of T steps stacked: inputs [B, T+1, ...], per-step fields [B, T].
 
-    observations: torch.Tensor
+    `inputs` are what the cloud's network reads: uint8 frame stacks in cloud mode, bf16 activations (as the
+    edge computed them when acting) in the split modes.
+    """
+
+    inputs: torch.Tensor
     actions: torch.Tensor
     behaviour_log_probs: torch.Tensor
     values: torch.Tensor  # [B, T+1]
@@ -54,7 +58,7 @@ class Batch:
             return torch.stack([getattr(chunk, name) for chunk in chunks])
 
         return cls(
-            observations=field("observations"),
+            inputs=field("observations"),
             actions=field("actions"),
             behaviour_log_probs=field("behaviour_log_probs"),
             values=field("values"),
@@ -68,12 +72,63 @@ class Batch:
 
 
 @dataclass
-class UpdateStats:
+class Rows:
+    """One update's steps flattened to N = B x T rows (the bootstrap step of each chunk left out); a minibatch
+    is `rows.take(index)`."""
+
+    inputs: torch.Tensor  # [N, ...] as Batch.inputs
+    actions: torch.Tensor  # [N, ...]
+    old_log_probs: torch.Tensor  # [N] log-probs the PPO ratio is taken against
+    advantages: torch.Tensor  # [N]
+    returns: torch.Tensor  # [N] value targets
+    step_ids: torch.Tensor  # [N] which edge step each row is (split modes: gradients go back by id)
+    encoder_versions: torch.Tensor  # [N] encoder version that computed each row's activation
+    weights: torch.Tensor  # [N] importance weight of the row's chunk
+
+    @classmethod
+    def of(cls, batch: Batch, advantages: torch.Tensor, returns: torch.Tensor, old_log_probs: torch.Tensor) -> Rows:
+        chunks, horizon = batch.rewards.shape
+        return cls(
+            inputs=batch.inputs[:, :-1].reshape(chunks * horizon, *batch.inputs.shape[2:]),
+            actions=batch.actions.reshape(chunks * horizon, *batch.actions.shape[2:]),
+            old_log_probs=old_log_probs.reshape(-1),
+            advantages=advantages.reshape(-1),
+            returns=returns.reshape(-1),
+            step_ids=batch.step_ids[:, :-1].reshape(-1),
+            encoder_versions=batch.encoder_versions[:, :-1].reshape(-1),
+            weights=batch.weights.repeat_interleave(horizon),
+        )
+
+    def __len__(self) -> int:
+        return len(self.returns)
+
+    def take(self, index: torch.Tensor) -> Rows:
+        return Rows(*(tensor[index] for tensor in astuple(self)))
+
+
+@dataclass(frozen=True)
+class LossTerms:
+    """Loss terms of PPO, as floats; the names are the `term` label of splitrl_learner_loss."""
+
     policy_loss: float
     value_loss: float
     entropy: float
     approx_kl: float
     clip_fraction: float
+
+    @classmethod
+    def mean(cls, terms: list[LossTerms]) -> LossTerms:
+        """The mean of each term over `terms` (zeros when empty: no minibatch trained)."""
+        count = max(len(terms), 1)
+        return cls(*(sum(getattr(term, f.name) for term in terms) / count for f in fields(cls)))
+
+    def items(self) -> list[tuple[str, float]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+
+
+@dataclass
+class UpdateStats:
+    losses: LossTerms  # mean over the update's minibatches
     steps: int
     chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
     optimizer_steps: int  # 0 when no minibatch had a row to train on (split: no edge answered)
@@ -94,72 +149,50 @@ class Trainer:
 
     def update(self, batch: Batch) -> UpdateStats:
         s = self.settings
-        chunks, horizon = batch.rewards.shape
-        flat_observations = batch.observations[:, :-1].reshape(chunks * horizon, *batch.observations.shape[2:])
         advantages, returns, old_log_probs = self._advantages(batch)
-
-        flat = {
-            "observations": flat_observations,
-            "actions": batch.actions.reshape(chunks * horizon, *batch.actions.shape[2:]),
-            "old_log_probs": old_log_probs.reshape(-1),
-            "advantages": advantages.reshape(-1),
-            "returns": returns.reshape(-1),
-            "step_ids": batch.step_ids[:, :-1].reshape(-1),
-            "encoder_versions": batch.encoder_versions[:, :-1].reshape(-1),
-            "weights": batch.weights.repeat_interleave(horizon),
-        }
-        size = chunks * horizon
-        minibatch = max(1, size // s.minibatches)
-        totals = torch.zeros(5)
-        count = 0
+        rows = Rows.of(batch, advantages, returns, old_log_probs)
+        minibatch = max(1, len(rows) // s.minibatches)
+        terms: list[LossTerms] = []
         for _ in range(s.epochs):
-            order = torch.randperm(size, generator=self.generator)
-            for start in range(0, size, minibatch):
-                terms = self._minibatch(flat, order[start : start + minibatch])
-                if terms is not None:
-                    totals += terms
-                    count += 1
-        policy, value, entropy, approx_kl, clip_fraction = (totals / max(count, 1)).tolist()
-        priorities = advantages.abs().mean(dim=1).tolist()
+            order = torch.randperm(len(rows), generator=self.generator)
+            for start in range(0, len(rows), minibatch):
+                trained = self._minibatch(rows.take(order[start : start + minibatch]))
+                if trained is not None:
+                    terms.append(trained)
         return UpdateStats(
-            policy,
-            value,
-            entropy,
-            approx_kl,
-            clip_fraction,
-            steps=size,
-            chunk_priorities=priorities,
-            optimizer_steps=count,
+            LossTerms.mean(terms),
+            steps=len(rows),
+            chunk_priorities=advantages.abs().mean(dim=1).tolist(),
+            optimizer_steps=len(terms),
         )
 
-    def _minibatch(self, flat: dict[str, torch.Tensor], index: torch.Tensor) -> torch.Tensor | None:
-        """One optimizer step on rows `index`; returns its loss terms, or None if no row could be trained."""
+    def _minibatch(self, rows: Rows) -> LossTerms | None:
+        """One optimizer step on `rows`; returns its loss terms, or None if no row could be trained."""
         s = self.settings
-        inputs = flat["observations"][index]
+        inputs = rows.inputs
         ticket, leaf = None, None
         if s.mode == "split":
             assert self.edges is not None
-            fetched, present, ticket = self.edges.fetch_activations(flat["step_ids"][index])
+            fetched, present, ticket = self.edges.fetch_activations(rows.step_ids)
             leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
-            index, inputs = index[present], leaf[present]
-            if len(index) == 0:
+            rows, inputs = rows.take(present), leaf[present]
+            if len(rows) == 0:
                 return None
         elif s.mode == "split-accumulate":
             leaf = inputs = inputs.float().requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
-        mb_advantages = flat["advantages"][index]
-        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std(unbiased=False) + 1e-8)
+        advantages = (rows.advantages - rows.advantages.mean()) / (rows.advantages.std(unbiased=False) + 1e-8)
         distribution, new_values = self.network(inputs)
         loss = ppo_loss(
-            distribution.log_prob(flat["actions"][index]),
-            flat["old_log_probs"][index],
-            mb_advantages,
+            distribution.log_prob(rows.actions),
+            rows.old_log_probs,
+            advantages,
             new_values,
-            flat["returns"][index],
+            rows.returns,
             distribution.entropy(),
             clip=s.clip,
             value_coef=s.value_coef,
             entropy_coef=s.entropy_coef,
-            sample_weights=None if s.importance_beta == 0 else flat["weights"][index],
+            sample_weights=None if s.importance_beta == 0 else rows.weights,
         )
         self.optimizer.zero_grad()
         loss.total.backward()
@@ -170,11 +203,12 @@ class Trainer:
             self.edges.return_gradients(ticket, leaf.grad)
         elif s.mode == "split-accumulate":
             assert self.edges is not None and leaf is not None and leaf.grad is not None
-            chosen = torch.rand(len(index), generator=self.generator) < s.encoder_fraction
+            chosen = torch.rand(len(rows), generator=self.generator) < s.encoder_fraction
             if bool(chosen.any()):
-                rows = index[chosen]
-                self.edges.push_gradients(flat["step_ids"][rows], flat["encoder_versions"][rows], leaf.grad[chosen])
-        return torch.stack([loss.policy, loss.value, loss.entropy, loss.approx_kl, loss.clip_fraction]).detach()
+                self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], leaf.grad[chosen])
+        return LossTerms(
+            loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
+        )
 
     @torch.no_grad()
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -190,8 +224,8 @@ class Trainer:
             advantages, returns = gae(rewards, batch.values, batch.dones, s.gamma, s.gae_lambda)
             return advantages, returns, batch.behaviour_log_probs
         chunks, horizon = batch.rewards.shape
-        observations = batch.observations.reshape(chunks * (horizon + 1), *batch.observations.shape[2:])
-        distribution, values = self.network(observations)
+        inputs = batch.inputs.reshape(chunks * (horizon + 1), *batch.inputs.shape[2:])
+        distribution, values = self.network(inputs)
         values = values.reshape(chunks, horizon + 1)
         actions = torch.cat([batch.actions, batch.actions[:, -1:]], dim=1)  # pad: the bootstrap row has no action
         target_log_probs = distribution.log_prob(actions.reshape(chunks * (horizon + 1), *batch.actions.shape[2:]))

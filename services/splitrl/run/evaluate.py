@@ -31,7 +31,7 @@ from splitrl.core import checkpoint, wire
 from splitrl.core.config import Settings
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder
+from splitrl.core.models import ActionSpec, Encoder, cloud_network
 from splitrl.core.video import VideoStreamDecoder, VideoStreamEncoder
 from splitrl.run import files as run_dir_files
 from splitrl.run.settings import RunSettings
@@ -71,15 +71,12 @@ class Agent:
         learner = _checkpoint(run_dir / "checkpoints" / "learner.pt")
         self.version = int(learner["version"])
         self.encoder: Encoder | None = None
-        self.network: torch.nn.Module
-        if run.mode == "cloud":
-            self.network = ActorCritic(model, action_spec)
-        else:
+        self.network = cloud_network(run.mode, model, action_spec)
+        if run.mode != "cloud":
             self.encoder = model.encoder()
             edge = _checkpoint(run_dir / "checkpoints" / "edge-encoder" / "encoder.pt")
             self.encoder.load_state_dict(edge["encoder"])
             self.encoder.eval()
-            self.network = ActorCriticHead(model.width, action_spec)
         self.network.load_state_dict(learner["network"])
         self.network.eval()
 

@@ -1,0 +1,93 @@
+"""The learner's PPO update over named rows: what each minibatch trains on, and what goes down to the edge."""
+
+from __future__ import annotations
+
+import torch
+
+from splitrl.core.models import ActionSpec, ModelConfig, cloud_network
+from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
+
+CHUNKS, HORIZON, WIDTH = 4, 8, 16
+SPEC = ActionSpec("discrete", 3)
+MODEL = ModelConfig(2, 36, WIDTH, "relu")
+
+
+def batch(inputs: torch.Tensor) -> Batch:
+    generator = torch.Generator().manual_seed(0)
+    shape = (CHUNKS, HORIZON)
+    return Batch(
+        inputs=inputs,
+        actions=torch.randint(0, 3, shape, generator=generator),
+        behaviour_log_probs=torch.full(shape, -1.0986),
+        values=torch.zeros(CHUNKS, HORIZON + 1),
+        rewards=torch.randn(shape, generator=generator),
+        dones=torch.zeros(shape, dtype=torch.bool),
+        policy_versions=torch.zeros(shape, dtype=torch.long),
+        step_ids=torch.arange(CHUNKS * (HORIZON + 1)).reshape(CHUNKS, HORIZON + 1),
+        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
+        weights=torch.ones(CHUNKS),
+    )
+
+
+def frames() -> torch.Tensor:
+    return torch.randint(0, 256, (CHUNKS, HORIZON + 1, 2, 36, 36), dtype=torch.uint8)
+
+
+def test_rows_leave_out_each_chunks_bootstrap_step_and_take_every_field():
+    data = batch(frames())
+    rows = Rows.of(data, torch.zeros(CHUNKS, HORIZON), torch.ones(CHUNKS, HORIZON), torch.zeros(CHUNKS, HORIZON))
+    assert len(rows) == CHUNKS * HORIZON
+    assert rows.inputs.shape == (CHUNKS * HORIZON, 2, 36, 36)
+    assert HORIZON not in rows.step_ids.tolist()  # chunk 0's step 8 is its bootstrap
+    picked = rows.take(torch.tensor([0, 9]))
+    assert picked.step_ids.tolist() == [0, 10] and len(picked) == 2
+    assert torch.equal(picked.inputs[1], data.inputs[1, 1])
+
+
+def test_loss_terms_average_by_name_and_are_zero_when_nothing_trained():
+    assert LossTerms.mean([]) == LossTerms(0.0, 0.0, 0.0, 0.0, 0.0)
+    mean = LossTerms.mean([LossTerms(1, 2, 3, 4, 5), LossTerms(3, 4, 5, 6, 7)])
+    assert mean.items() == [
+        ("policy_loss", 2),
+        ("value_loss", 3),
+        ("entropy", 4),
+        ("approx_kl", 5),
+        ("clip_fraction", 6),
+    ]
+
+
+def test_a_cloud_update_takes_one_step_per_minibatch_of_every_epoch():
+    settings = LearnerSettings(mode="cloud", tls="plaintext", epochs=3, minibatches=4)
+    network = cloud_network("cloud", MODEL, SPEC)
+    before = [p.detach().clone() for p in network.parameters()]
+    stats = Trainer(network, settings).update(batch(frames()))
+    assert (stats.optimizer_steps, stats.steps, len(stats.chunk_priorities)) == (12, CHUNKS * HORIZON, CHUNKS)
+    assert all(torch.isfinite(torch.tensor(value)) for _, value in stats.losses.items())
+    assert any(not torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
+
+
+class RecordingEdges:
+    def __init__(self) -> None:
+        self.pushed: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def fetch_activations(self, step_ids):  # pragma: no cover - split mode only
+        raise AssertionError("split-accumulate trains on stored activations")
+
+    def return_gradients(self, ticket, gradients):  # pragma: no cover - split mode only
+        raise AssertionError("split-accumulate pushes, it does not return")
+
+    def push_gradients(self, step_ids, encoder_versions, gradients):
+        self.pushed.append((step_ids, gradients))
+
+
+def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
+    settings = LearnerSettings(mode="split-accumulate", tls="plaintext", epochs=2, minibatches=2, encoder_fraction=0.5)
+    edges = RecordingEdges()
+    activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
+    stats = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges).update(batch(activations))
+    assert stats.optimizer_steps == 4 and 1 <= len(edges.pushed) <= 4
+    pushed_ids = torch.cat([ids for ids, _ in edges.pushed])
+    assert 0.25 < len(pushed_ids) / (2 * CHUNKS * HORIZON) < 0.75  # about encoder_fraction of the rows
+    assert all(gradients.shape == (len(ids), WIDTH) for ids, gradients in edges.pushed)
+    assert not set(pushed_ids.tolist()) & {HORIZON, 2 * HORIZON + 1}  # bootstrap steps are never trained
