@@ -2,7 +2,7 @@
 
 `Manifest` holds the objects `kubectl kustomize` printed; `PodTemplate` is one workload's pod.
 Beside them, two small evaluators that stand in for a cluster none of these machines can
-run (DESIGN.md §6): NetworkPolicy as the API defines it (no ipBlock), and Prometheus's
+run (docs/design.md §7): NetworkPolicy as the API defines it (no ipBlock), and Prometheus's
 relabelling over what pod discovery would yield.
 """
 

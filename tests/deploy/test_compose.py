@@ -4,7 +4,7 @@ The stack runs as its own compose project (never a user's `splitrl` stack), size
 cores: Catch at 36x36, width 256, small updates. Prometheus is the compose file's, scraping
 for real; its port is published on 127.0.0.1 only, and every request here goes there or to
 the Docker engine. Grafana is left out: no Grafana image can be had on the project's machines
-(DESIGN.md §6); instead every dashboard panel's query is run against this Prometheus.
+(docs/design.md §7); instead every dashboard panel's query is run against this Prometheus.
 
 Needs the images `splitrl:latest` and $PROMETHEUS_IMAGE (default prom/prometheus:v2.53.2)
 already built or pulled; .ci/run builds both (docker/README.md says how).

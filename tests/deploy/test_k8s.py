@@ -1,6 +1,6 @@
 """k8s/ checked offline: every overlay renders, passes strict schema validation, and keeps the design.
 
-No API server can run here (DESIGN.md §6), so `kubectl kustomize` renders each overlay,
+No API server can run here (docs/design.md §7), so `kubectl kustomize` renders each overlay,
 `kubernetes-validate --strict` checks the schemas, and the rest are checks over the
 rendered objects: selectors, ports, probes, the addresses services dial, the settings the
 services accept, hardening, volumes, placement, NetworkPolicy (a small evaluator) and
@@ -44,7 +44,7 @@ OLDEST_KUBERNETES = (1, 29)
 
 # Pods under the NetworkPolicy, by app label.
 SPLITRL_APPS = {"edge", "inference", "replay", "learner"}
-# DESIGN.md §2 by who opens the connection: (dialling app, dialled app, port).
+# docs/design.md §2 by who opens the connection: (dialling app, dialled app, port).
 DESIGNED_LINKS = {
     ("edge", "inference", 50052),  # encoder-inference (WAN)
     ("edge", "learner", 50054),  # learner-encoder (WAN)

@@ -1,6 +1,6 @@
 """Training-phase WAN traffic of each mode, counted on the `learner-encoder` link after a short real run.
 
-The prediction is the research's (DESIGN.md §1): the naive split moves
+The prediction is the research's (docs/design.md §1): the naive split moves
 activations up and gradients down for every sample of every epoch,
 2 directions x epochs x width bf16 numbers per sample; split-accumulate moves
 gradients down for `encoder_fraction` of them only; cloud moves nothing.

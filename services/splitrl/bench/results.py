@@ -19,7 +19,7 @@ from splitrl.core.video import VideoSettings
 from splitrl.run.summary import mean_return_between
 
 PHASES = ("rollout", "training", "weights")
-#: The research's own figures per env step (DESIGN.md §1: CarRacing, 4x96x96 frames, width 4,096, bf16
+#: The research's own figures per env step (docs/design.md §1: CarRacing, 4x96x96 frames, width 4,096, bf16
 #: accounting, ~400k env steps): 14.7 B numbers / 28 GB for cloud, 1.6 B / 3.2 GB rollout for the split
 #: plus 66 GB of training traffic.
 RESEARCH_BYTES_PER_STEP: dict[str, dict[str, float]] = {

@@ -1,4 +1,4 @@
-"""What `encoder-inference` carries, per mode (DESIGN.md §3), and how each side checks it.
+"""What `encoder-inference` carries, per mode (docs/design.md §3), and how each side checks it.
 
 The codec is fixed per stream and announced in the stream's metadata
 (`splitrl-codec`), so inference can refuse a stream it cannot interpret.

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from splitrl.core.models import Bottleneck, ModelConfig
 
 Mode = Literal["cloud", "split", "split-accumulate"]
-#: How cloud mode sends observations over the WAN (DESIGN.md §3): the newest uint8 frame (stacked in the
+#: How cloud mode sends observations over the WAN (docs/design.md §3): the newest uint8 frame (stacked in the
 #: cloud), the same zstd-compressed, an H.264 video stream per env (the strongest: splitrl.core.video), or
 #: the research's bf16 frame stack.
 ObservationCodec = Literal["frame", "frame+zstd", "h264", "stack-bf16"]

@@ -4,7 +4,7 @@ Each service builds one `Metrics` on its own `CollectorRegistry` (so several
 services can share a process in tests without sharing counters) and serves it
 on its `/metrics` port.
 
-Link accounting (DESIGN.md §4): on every link both ends count each message
+Link accounting (docs/design.md §4): on every link both ends count each message
 they send or receive, as the serialized protobuf size (the payload of gRPC's
 length-prefixed frame), one message, and the number of tensor elements it
 carries. Labels are low-cardinality by construction: link, direction, phase,

@@ -1,6 +1,6 @@
 """One PPO update over a batch of trajectory chunks, CleanRL style: advantages, then epochs of minibatches.
 
-What a minibatch trains on depends on the mode (DESIGN.md §3):
+What a minibatch trains on depends on the mode (docs/design.md §3):
   cloud             frame stacks from replay through encoder + head; no WAN.
   split             activations the edge recomputes for the minibatch (WAN up), gradients back (WAN down),
                     in lockstep every minibatch of every epoch: the research's naive split.
