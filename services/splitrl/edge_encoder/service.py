@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,8 +30,8 @@ import torch
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameStacker
+from splitrl.core.lockstep import LockstepStream
 from splitrl.core.metrics import LinkMeter, Metrics
-from splitrl.core.rpc import BadRequest
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
@@ -281,33 +280,23 @@ def _describe(error: BaseException) -> str:
 
 
 class _EnvStream:
-    """Validation and frame stacks for one environment stream. The env count is fixed by its first message."""
+    """One environment stream: its lockstep state (core.lockstep) and its frame stacks."""
 
     def __init__(self, settings: EdgeEncoderSettings) -> None:
         self.settings = settings
-        self.num_envs: int | None = None
-        self.next_sequence = 0
+        self.lockstep = LockstepStream("EnvStep")
         self.stacker: FrameStacker
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.lockstep.num_envs
 
     def accept(self, step: rollout_pb2.EnvStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Validate `step`; return its frames uint8 [N, S, S] and which rows start an episode, bool [N]."""
         size = self.settings.frame_size
         frames = wire.decode(step.frames, expect_dtype=wire.DType.DTYPE_UINT8, expect_shape=[self.num_envs, size, size])
-        n = frames.shape[0]
-        if n == 0:
-            raise BadRequest("EnvStep.frames has no envs")
-        if step.sequence != self.next_sequence:
-            raise BadRequest(f"EnvStep.sequence is {step.sequence}, expected {self.next_sequence}")
-        for name in ("rewards", "terminated", "truncated"):
-            if len(getattr(step, name)) != n:
-                raise BadRequest(f"EnvStep.{name} has {len(getattr(step, name))} entries for {n} envs")
-        if not all(math.isfinite(reward) for reward in step.rewards):
-            raise BadRequest("EnvStep.rewards holds NaN or Inf")
-        if self.num_envs is None:
-            self.num_envs = n
-            self.stacker = FrameStacker(n, self.settings.frame_stack, size, size)
-            episode_start = torch.ones(n, dtype=torch.bool)
-        else:
-            episode_start = torch.tensor(step.terminated) | torch.tensor(step.truncated)
-        self.next_sequence += 1
+        first = self.num_envs is None
+        episode_start = self.lockstep.accept(step, frames.shape[0], ("rewards", "terminated", "truncated"))
+        if first:
+            self.stacker = FrameStacker(frames.shape[0], self.settings.frame_stack, size, size)
         return frames, episode_start

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +21,7 @@ from splitrl.core import codecs, weights, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
+from splitrl.core.lockstep import LockstepStream
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
@@ -176,11 +176,14 @@ class _EdgeStream:
 
     def __init__(self, settings: InferenceSettings, codec: codecs.StreamCodec) -> None:
         self.settings, self.codec = settings, codec
-        self.num_envs: int | None = None
-        self.next_sequence = 0
+        self.lockstep = LockstepStream("ActRequest")
         self.cutter = TrajectoryCutter(settings.unroll_length)
         self.stacker: FrameStacker | None = None
         self.video = VideoStreamDecoder(settings.frame_size, settings.max_batch_size) if codec == "video" else None
+
+    @property
+    def num_envs(self) -> int | None:
+        return self.lockstep.num_envs
 
     def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
         """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
@@ -194,29 +197,13 @@ class _EdgeStream:
             observations = self.video.decode(request.observations, expect_shape=list(shape))
         else:
             observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
-        n = observations.shape[0]
-        if n == 0:
-            raise BadRequest("ActRequest.observations has no envs")
-        if request.sequence != self.next_sequence:
-            raise BadRequest(f"ActRequest.sequence is {request.sequence}, expected {self.next_sequence}")
-        for name in ("rewards", "terminated", "truncated", "step_ids"):
-            if len(getattr(request, name)) != n:
-                raise BadRequest(f"ActRequest.{name} has {len(getattr(request, name))} entries for {n} envs")
-        if not all(math.isfinite(reward) for reward in request.rewards):
-            raise BadRequest("ActRequest.rewards holds NaN or Inf")
         if (request.step_ids and max(request.step_ids) >= 2**63) or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest.step_ids / encoder_version must be below 2**63")
-        first = self.num_envs is None
-        self.num_envs = n
-        self.next_sequence += 1
+        n = observations.shape[0]
+        starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated", "step_ids"))
         if self.codec in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
-            starts = (
-                torch.ones(n, dtype=torch.bool)
-                if first
-                else (torch.tensor(request.terminated) | torch.tensor(request.truncated))
-            )
             return self.stacker.push(observations, starts).clone()
         if self.codec == "stack-bf16":
             return observations.clamp(0, 255).round().to(torch.uint8)

@@ -1,0 +1,53 @@
+"""The state both ends of a lockstep rollout stream keep: environment -> edge-encoder (EnvStep) and
+edge-encoder -> inference (ActRequest).
+
+Invariants of one stream, checked on every message before anything changes (a refused message leaves the
+state as it was, and the caller answers INVALID_ARGUMENT):
+- message k of the stream carries `sequence` k (one message in flight, answered before the next);
+- the env count N is fixed by the stream's first message, and is never 0;
+- every per-env field has exactly N entries, and rewards are finite.
+Episode starts follow: every env starts one on the stream's first message (nothing spans a reconnect), then
+exactly those whose previous episode ended (terminated or truncated).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from splitrl.core.rpc import BadRequest
+
+
+class LockstepStream:
+    """Sequence and env count of one stream. `accept` validates a message and advances past it."""
+
+    def __init__(self, message_name: str) -> None:
+        """`message_name` names the message in refusals (e.g. "EnvStep")."""
+        self.message_name = message_name
+        self.num_envs: int | None = None  # fixed by the first message
+        self.next_sequence = 0
+
+    def accept(self, message: Any, envs: int, per_env_fields: Sequence[str]) -> torch.Tensor:
+        """Check `message` (whose payload decoded to `envs` rows) and advance; returns bool [envs]: which rows
+        start an episode. BadRequest, with the state unchanged, if it breaks an invariant."""
+        name = self.message_name
+        if envs == 0:
+            raise BadRequest(f"{name} has no envs")
+        if self.num_envs is not None and envs != self.num_envs:
+            raise BadRequest(f"{name} has {envs} envs; this stream has {self.num_envs}")
+        if message.sequence != self.next_sequence:
+            raise BadRequest(f"{name}.sequence is {message.sequence}, expected {self.next_sequence}")
+        for field in per_env_fields:
+            if len(getattr(message, field)) != envs:
+                raise BadRequest(f"{name}.{field} has {len(getattr(message, field))} entries for {envs} envs")
+        if not all(math.isfinite(reward) for reward in message.rewards):
+            raise BadRequest(f"{name}.rewards holds NaN or Inf")
+        first = self.num_envs is None
+        self.num_envs = envs
+        self.next_sequence += 1
+        if first:
+            return torch.ones(envs, dtype=torch.bool)
+        return torch.tensor(message.terminated, dtype=torch.bool) | torch.tensor(message.truncated, dtype=torch.bool)
