@@ -54,28 +54,17 @@ SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
 )
 
 
-#: Statuses a caller may retry after a pause: the peer was slow, or not (yet, or any more) reachable.
-TRANSIENT_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
-#: Statuses by which a peer refuses this caller or its request: redialling cannot help, so they are passed on.
-#: Any other failure of a stream (reset, cancelled, internal, timed out) is a lost peer, and is redialled.
-REFUSAL_CODES = frozenset(
-    {
-        grpc.StatusCode.INVALID_ARGUMENT,
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.OUT_OF_RANGE,
-        grpc.StatusCode.UNIMPLEMENTED,
-        grpc.StatusCode.PERMISSION_DENIED,
-        grpc.StatusCode.UNAUTHENTICATED,
-    }
-)
-
-
 class BadRequest(ValueError):
     """A request the server refuses (INVALID_ARGUMENT); the message is shown to the caller."""
 
 
 class Refused(Exception):
-    """A request that is well-formed but cannot be served now or here (FAILED_PRECONDITION)."""
+    """A request that is well-formed but that this server will not serve (FAILED_PRECONDITION: another mode or
+    codec); the caller gives up (core.redial)."""
+
+
+class Busy(Exception):
+    """A request this server cannot serve yet (ABORTED); the caller dials again after its backoff (core.redial)."""
 
 
 class UpstreamFailed(Exception):
@@ -93,6 +82,8 @@ def _status_for(error: BaseException) -> grpc.StatusCode | None:
         return grpc.StatusCode.INVALID_ARGUMENT
     if isinstance(error, Refused):
         return grpc.StatusCode.FAILED_PRECONDITION
+    if isinstance(error, Busy):
+        return grpc.StatusCode.ABORTED
     return None
 
 
@@ -160,7 +151,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behaviour(request, context)
-            except (WireError, BadRequest, Refused, UpstreamFailed) as error:
+            except (WireError, BadRequest, Refused, Busy, UpstreamFailed) as error:
                 await self._abort(context, method, error)
 
         return wrapped
@@ -171,7 +162,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             try:
                 async for response in behaviour(request_iterator, context):
                     yield response
-            except (WireError, BadRequest, Refused, UpstreamFailed) as error:
+            except (WireError, BadRequest, Refused, Busy, UpstreamFailed) as error:
                 await self._abort(context, method, error)
             finally:
                 self._metrics.streams_open.labels(method=method).dec()

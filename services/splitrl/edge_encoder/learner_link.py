@@ -20,6 +20,7 @@ from splitrl.core import rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.rpc import BadRequest
 from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2, training_pb2_grpc
@@ -27,6 +28,14 @@ from splitrl.v1 import training_pb2, training_pb2_grpc
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 METHOD = "/splitrl.v1.EncoderTraining/Train"
+
+
+#: A failed torch step (RuntimeError) also starts the link over.
+LINK_FAILURES: tuple[type[BaseException], ...] = (*FAILURES, RuntimeError)
+
+
+class RefusedByLearner(ValueError):
+    """The learner refused this edge (e.g. another encoder width): redialling cannot help."""
 
 
 class LearnerLink:
@@ -52,7 +61,8 @@ class LearnerLink:
         self.meter = LinkMeter(metrics, "learner-encoder")
         self.compute = compute
         self.transport = transport  # this edge's TLS settings, for dialling the learner
-        self.backoff = backoff  # between redials; reset once a stream is open
+        # Between redials; reset once a stream is open. A refusal (e.g. a width mismatch) ends the link.
+        self.redial = Redial("learner", backoff, metrics, refused=self._refused)
 
     async def run(self) -> None:
         """Serve the learner until cancelled, redialling with backoff when the stream ends."""
@@ -61,18 +71,15 @@ class LearnerLink:
                 async with rpc.dial(self.address, self.transport) as channel:
                     await channel.channel_ready()  # no hello is counted as sent to a learner that is not there
                     await self._serve(training_pb2_grpc.EncoderTrainingStub(channel).Train())
-                reason = "the learner ended it"
-            except grpc.aio.AioRpcError as error:
-                if error.code() == grpc.StatusCode.INVALID_ARGUMENT:  # e.g. a width mismatch: redialling cannot help
-                    raise ValueError(f"learner {self.address} refused this edge: {error.details()}") from None
-                reason = error.code().name
-            except (ConnectionError, RuntimeError) as error:  # a broken stream or a failed torch step: start over
-                reason = str(error)
+                error: BaseException = ConnectionError("the learner ended the training stream")
+            except LINK_FAILURES as failure:
+                error = failure
             finally:
                 await self._on_compute(self.trainer.forget_pending)
-            self.metrics.reconnects.labels(peer="learner").inc()
-            delay = await self.backoff.sleep()
-            log.warning("training stream to learner %s ended (%s); redialled after %.2fs", self.address, reason, delay)
+            await self.redial.lost(error, f"training stream to learner {self.address}")
+
+    def _refused(self, error: grpc.aio.AioRpcError) -> Exception:
+        return RefusedByLearner(f"learner {self.address} refused this edge: {error.details()}")
 
     async def _serve(self, call: grpc.aio.StreamStreamCall) -> None:
         hello = training_pb2.EdgeMessage(
@@ -86,7 +93,7 @@ class LearnerLink:
         self.meter.sent(hello, phase="training", payload="request")
         await call.write(hello)
         log.info("training stream to learner %s open", self.address)
-        self.backoff.reset()  # the learner took the hello: this connection works
+        self.redial.answered()  # the learner took the hello: this connection works
         async for message in call:
             reply = await self._answer(message)
             await call.write(reply)

@@ -32,6 +32,7 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.lockstep import LockstepStream
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
@@ -113,7 +114,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         env_run_id = dict(context.invocation_metadata() or ()).get(codecs.RUN_ID_METADATA_KEY) or codecs.new_run_id()
         stream = _EnvStream(self.settings)
         upstream = _ActStream(env_run_id)
-        backoff = Backoff.of(self.settings)
+        redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=_passed_on)
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
@@ -121,7 +122,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 request, frames = await self._act_request(stream, step)
                 if self.codec != "video":  # video is encoded per Act stream, in _act, and timed there
                     self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
-                response = await self._act(upstream, request, frames, backoff)
+                response = await self._act(upstream, request, frames, redial)
                 reply = rollout_pb2.EnvAction(
                     sequence=step.sequence, actions=response.actions, policy_version=response.policy_version
                 )
@@ -133,12 +134,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             upstream.close()
 
     async def _act(
-        self, upstream: _ActStream, request: rollout_pb2.ActRequest, frames: torch.Tensor, backoff: Backoff
+        self, upstream: _ActStream, request: rollout_pb2.ActRequest, frames: torch.Tensor, redial: Redial
     ) -> rollout_pb2.ActResponse:
         """Send `request` to inference and return its answer, reopening the Act stream as often as it breaks.
 
         The environment's step is held meanwhile and sent again, as sequence 0 of a stream with a new run id:
-        inference starts fresh trajectories for it. A refusal (rpc.REFUSAL_CODES) is passed on as it is.
+        inference starts fresh trajectories for it. A refusal (core.redial) is passed on with its status.
         In video mode `frames` are encoded here, by the encoders of the Act stream that carries them.
         """
         while True:
@@ -148,22 +149,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 await self._encode_video(upstream.video, request, frames)
             try:
                 response = await self._exchange(call, request, upstream)
-                backoff.reset()  # inference answered: this stream works
+                redial.answered()
                 return response
-            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, asyncio.InvalidStateError) as error:
-                if isinstance(error, grpc.aio.AioRpcError) and error.code() in rpc.REFUSAL_CODES:
-                    raise rpc.UpstreamFailed("inference", error) from None
+            except FAILURES as error:
                 lost = upstream.close()
-                self.metrics.reconnects.labels(peer="inference").inc()
-                delay = await backoff.sleep()
-                log.warning(
-                    "env run %s: Act stream %s to inference lost after %d steps (%s); reopening after %.2fs",
-                    upstream.env_run_id,
-                    lost,
-                    request.sequence,
-                    _describe(error),
-                    delay,
-                )
+                what = f"env run {upstream.env_run_id}: Act stream {lost} to inference, after {request.sequence} steps,"
+                await redial.lost(error, what)
 
     def _open(self, upstream: _ActStream) -> grpc.aio.StreamStreamCall:
         assert self._channel is not None, "start() not called"
@@ -273,10 +264,9 @@ class _ActStream:
         return self.run_id
 
 
-def _describe(error: BaseException) -> str:
-    if isinstance(error, grpc.aio.AioRpcError):
-        return f"{error.code().name}: {error.details()}"
-    return repr(error) if isinstance(error, TimeoutError) else str(error)
+def _passed_on(error: grpc.aio.AioRpcError) -> Exception:
+    """Inference's refusal, raised to the environment with the same status."""
+    return rpc.UpstreamFailed("inference", error)
 
 
 class _EnvStream:

@@ -2,7 +2,8 @@
 
 It dials the edge-encoder (edge processes sit behind NAT and only dial out)
 and runs in lockstep: send frames, wait for actions, step. A lost edge-encoder
-is redialled with backoff; the process ends only at max_steps or on SIGTERM.
+is redialled with backoff (core.redial); the process ends at max_steps, on
+SIGTERM, or when the edge refuses its stream (a mismatched setting).
 
 With `env_groups` G > 1 the envs are split into G vector envs, each with its own
 stream (Sample Factory's double-buffered sampling): while one group's step is
@@ -25,6 +26,7 @@ from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_from_space, make_vector_env
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.service import BackgroundLoop
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
@@ -79,14 +81,14 @@ class EnvironmentService:
     async def _run_group(self, first_env: int, envs: gym.vector.VectorEnv) -> None:
         """One group's rollout loop. Returns once max_steps agent steps are done; a lost edge-encoder is redialled.
 
-        A broken stream never ends the loop: the step whose actions did not come back is sent again, as
+        A lost stream does not end the loop: the step whose actions did not come back is sent again, as
         sequence 0 of a fresh stream with a new run id (the edge starts new frame stacks for it, and
-        inference new trajectories), after a jittered exponential backoff.
+        inference new trajectories), after the redial backoff. A refusal (core.redial) is raised.
         """
         settings = self.settings
         frames, _ = envs.reset(seed=settings.seed + first_env)
         group = _Group(envs, _Pending(frames, envs.num_envs))
-        backoff = Backoff.of(settings)
+        redial = Redial("edge-encoder", Backoff.of(settings), self.metrics)
         while not self._done():
             run_id = codecs.new_run_id()
             try:
@@ -97,19 +99,16 @@ class EnvironmentService:
                     )
                     log.info("rollout stream to edge-encoder %s open (run id %s)", settings.encoder_address, run_id)
                     try:
-                        await self._stream(call, group, backoff)
+                        await self._stream(call, group, redial)
                     finally:
                         call.cancel()
-            except (grpc.aio.AioRpcError, ConnectionError, TimeoutError, ValueError) as error:
-                # ValueError: the edge answered nonsense (wire.WireError included); a fresh stream starts over.
-                self.metrics.reconnects.labels(peer="edge-encoder").inc()
-                delay = await backoff.sleep()
-                log.warning("rollout stream %s to edge-encoder lost (%s); redialled after %.2fs", run_id, error, delay)
+            except FAILURES as error:
+                await redial.lost(error, f"rollout stream {run_id} to edge-encoder")
 
     def _done(self) -> bool:
         return bool(self.settings.max_steps) and self.steps_taken >= self.settings.max_steps
 
-    async def _stream(self, call: grpc.aio.StreamStreamCall, group: _Group, backoff: Backoff) -> None:
+    async def _stream(self, call: grpc.aio.StreamStreamCall, group: _Group, redial: Redial) -> None:
         """Step in lockstep on one stream until max_steps; raises if the stream breaks or the edge goes quiet."""
         sequence = 0
         while not self._done():
@@ -120,7 +119,7 @@ class EnvironmentService:
             self.meter.received(reply, phase="rollout", payload="action")
             self.metrics.hop_latency.labels(hop="environment-edge").observe(time.perf_counter() - sent_at)
             actions = self._actions(reply, sequence, group.envs.num_envs)
-            backoff.reset()  # the edge answered: this stream works
+            redial.answered()
             stepped_at = time.perf_counter()
             frames, rewards, terminated, truncated, info = group.envs.step(actions)
             self.metrics.hop_latency.labels(hop="environment-step").observe(time.perf_counter() - stepped_at)

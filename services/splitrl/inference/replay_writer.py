@@ -3,7 +3,8 @@
 Acting never waits for replay unless `max_pending` chunks are already
 buffered (backpressure, bounded memory). A chunk stays buffered until replay
 acknowledges it; if the stream breaks, unacknowledged chunks are re-sent in
-order on the next connection (redialled with core/backoff's jittered exponential backoff).
+order on the next connection (redialled by the rule in core.redial; a refusal, such as an unknown table, ends
+the writer with replay's reason).
 
 Memory is bounded by `max_pending` chunks: `_unacked` holds at most that many
 (a semaphore slot per chunk, released by its acknowledgement), and the outbox
@@ -30,6 +31,7 @@ from splitrl.core import rpc
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.redial import FAILURES, Redial
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,8 @@ class ReplayWriter:
             raise ValueError(f"max_pending must be >= 1, got {max_pending}")
         self.address, self.table, self._metrics = address, table, metrics
         self.transport = transport  # inference's TLS settings, for dialling replay
-        self._backoff = backoff or Backoff(0.1, 5.0)  # between redials; reset by every acknowledgement
+        # Between redials; reset by every acknowledgement.
+        self._redial = Redial("replay", backoff or Backoff(0.1, 5.0), metrics)
         self._meter = LinkMeter(metrics, "inference-replay")
         self._slots = asyncio.Semaphore(max_pending)
         self._unacked: OrderedDict[int, tuple[replay_pb2.InsertRequest, float]] = OrderedDict()
@@ -90,19 +93,10 @@ class ReplayWriter:
             while True:
                 try:
                     await self._stream(stub)
-                    reason = "replay ended it"
-                except asyncio.CancelledError:
-                    raise
-                except Exception as error:  # any broken stream: reconnect, re-send what is unacknowledged
-                    reason = str(error) if not isinstance(error, grpc.aio.AioRpcError) else error.code().name
-                self._metrics.reconnects.labels(peer="replay").inc()
-                delay = await self._backoff.sleep()
-                log.warning(
-                    "replay stream ended (%s); redialled after %.2fs, re-sending %d chunks",
-                    reason,
-                    delay,
-                    len(self._unacked),
-                )
+                    error: BaseException = ConnectionError("replay ended the stream")
+                except FAILURES as failure:
+                    error = failure
+                await self._redial.lost(error, f"replay stream ({len(self._unacked)} chunks to re-send)")
 
     async def _stream(self, stub: replay_pb2_grpc.ReplayStub) -> None:
         # Re-send, in order, whatever the previous stream did not get acknowledged.
@@ -138,7 +132,7 @@ class ReplayWriter:
                 continue  # a duplicate acknowledgement of a re-sent chunk
             self._metrics.hop_latency.labels(hop="inference-replay").observe(time.perf_counter() - entry[1])
             self.acknowledged += 1
-            self._backoff.reset()
+            self._redial.answered()
             self._slots.release()
             if not self._unacked:
                 self._idle.set()

@@ -23,7 +23,7 @@ import torch
 from splitrl.core import wire
 from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
-from splitrl.core.rpc import BadRequest, Refused
+from splitrl.core.rpc import BadRequest, Busy
 from splitrl.core.step_ids import MAX_PREFIX, prefix_of
 from splitrl.v1 import training_pb2, training_pb2_grpc
 
@@ -138,7 +138,8 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         if hello.width != self.width:
             raise BadRequest(f"EdgeHello.width is {hello.width}; this learner trains width {self.width}")
         if hello.step_id_prefix in self._edges:
-            raise Refused(f"an edge with step-id prefix {hello.step_id_prefix} is already connected")
+            # Busy, not a refusal: a restarted edge may redial before its old stream is noticed gone.
+            raise Busy(f"an edge with step-id prefix {hello.step_id_prefix} is already connected")
         return _Edge(hello.step_id_prefix, hello.edge_id, hello.encoder_version, asyncio.Queue(MAX_QUEUED_MESSAGES))
 
     async def _read(self, edge: _Edge, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> None:

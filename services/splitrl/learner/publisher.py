@@ -3,11 +3,12 @@
 One Publish stream at a time. The training loop `offer`s each new version and
 moves on; the publisher sends the newest offer (older ones it never got to are
 skipped), waits for its acknowledgement, and otherwise watches the idle stream,
-so a restarted inference is noticed at once: the publisher redials with
-jittered exponential backoff and re-publishes the current version on the new
-stream (inference accepts the same version again). A version inference refuses
-(e.g. older than what it holds, from a learner resumed from an older
-checkpoint) is logged and skipped; the next offer is sent.
+so a restarted inference is noticed at once: the publisher redials (core.redial)
+and re-publishes the current version on the new stream (inference accepts the
+same version again). A version inference refuses (e.g. older than what it
+holds, from a learner resumed from an older checkpoint) is logged and skipped,
+and the publisher dials again for the next offer: the one redial loop that
+retries refusals, deliberately (`retry_refusals`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from splitrl.core import rpc
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.redial import FAILURES, Redial, describe, is_refusal
 from splitrl.v1 import weights_pb2, weights_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -44,7 +46,7 @@ class WeightsPublisher:
         self.address, self.transport = address, transport
         self._metrics = metrics
         self._meter = LinkMeter(metrics, "learner-inference")
-        self._backoff = backoff
+        self._redial = Redial("inference", backoff, metrics, retry_refusals=True)
         self.ack_timeout_s = ack_timeout_s
         self._latest: weights_pb2.Weights | None = None
         self._refused: int | None = None  # a version inference refused: not sent again
@@ -83,16 +85,14 @@ class WeightsPublisher:
                         await self._serve(call)
                     finally:
                         call.cancel()
-            except grpc.aio.AioRpcError as error:
-                reason = f"{error.code().name}: {error.details()}"
-                if error.code() in rpc.REFUSAL_CODES and self._sending is not None:
+                error: BaseException = ConnectionError("inference ended the weights stream")
+            except FAILURES as failure:
+                error = failure
+                if is_refusal(error) and self._sending is not None:
                     self._refused = self._sending
+                    reason = describe(error)
                     log.warning("inference refused weights version %d (%s); skipping it", self._refused, reason)
-            except (ConnectionError, TimeoutError, asyncio.InvalidStateError) as error:
-                reason = repr(error)
-            self._metrics.reconnects.labels(peer="inference").inc()
-            delay = await self._backoff.sleep()
-            log.warning("weights stream to inference %s lost (%s); redialled after %.2fs", self.address, reason, delay)
+            await self._redial.lost(error, f"weights stream to inference {self.address}")
 
     async def _serve(self, call: grpc.aio.StreamStreamCall) -> None:
         """Publish on one stream until it breaks (raises); the pending read doubles as the liveness watch."""
@@ -131,6 +131,6 @@ class WeightsPublisher:
         assert isinstance(ack, weights_pb2.WeightsAck)
         self._meter.received(ack, phase="weights", payload="ack")
         self.acknowledged = max(self.acknowledged, ack.version)
-        self._backoff.reset()
+        self._redial.answered()
         self._changed.set()
         log.debug("inference acknowledged weights version %d", ack.version)

@@ -27,6 +27,7 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import cloud_network
+from splitrl.core.redial import Redial, describe, is_refusal
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
@@ -84,7 +85,7 @@ class LearnerService:
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
-        self._replay_backoff = Backoff.of(settings)
+        self._replay = Redial("replay", Backoff.of(settings), metrics)
         self._restore()
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -159,15 +160,10 @@ class LearnerService:
             self.replay_meter.sent(request, phase="training", payload="request")
             try:
                 response = await stub.Sample(request, timeout=SAMPLE_WAIT_S)
-            except grpc.aio.AioRpcError as error:
-                if error.code() in rpc.REFUSAL_CODES:  # e.g. an unknown table: waiting cannot help
-                    raise
-                if self._replay_backoff.failures == 0:
-                    self.metrics.reconnects.labels(peer="replay").inc()
-                delay = await self._replay_backoff.sleep()
-                log.warning("replay sample failed (%s); retried after %.2fs", error.code().name, delay)
+            except grpc.aio.AioRpcError as error:  # a refusal (e.g. an unknown table) is raised
+                await self._replay.lost(error, f"sample from replay {s.replay_address}")
                 continue
-            self._replay_backoff.reset()
+            self._replay.answered()
             self.replay_meter.received(response, phase="training", payload="batch")
             self.samples_consumed += len(response.items)
             for item in response.items:
@@ -204,9 +200,9 @@ class LearnerService:
         try:
             response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
         except grpc.aio.AioRpcError as error:
-            if error.code() in rpc.REFUSAL_CODES:
+            if is_refusal(error):
                 raise
-            log.warning("priority update failed (%s); these chunks keep their priorities", error.code().name)
+            log.warning("priority update failed (%s); these chunks keep their priorities", describe(error))
             return
         self.replay_meter.received(response, phase="training", payload="ack")
 
