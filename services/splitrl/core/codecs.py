@@ -14,7 +14,7 @@ from splitrl.core.config import Mode, ObservationCodec
 from splitrl.core.metrics import Payload
 from splitrl.core.wire import DType
 
-StreamCodec = Literal["activation", "frame", "video", "stack-bf16"]
+StreamKind = Literal["activation", "frame", "video", "stack-bf16"]
 CODEC_METADATA_KEY = "splitrl-codec"
 EDGE_ID_METADATA_KEY = "splitrl-edge-id"
 #: Names one environment stream (random per stream, SEED RL's run id): inference keeps per-stream state
@@ -27,7 +27,7 @@ def new_run_id() -> str:
     return secrets.token_hex(8)
 
 
-def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:
+def stream_kind(mode: Mode, codec: ObservationCodec) -> StreamKind:
     """What an edge in `mode` streams: activations in split modes, frames, video or frame stacks in cloud.
 
     Compression and quantization are not part of it: every Tensor describes its own (splitrl.core.wire),
@@ -41,13 +41,13 @@ def stream_codec(mode: Mode, codec: ObservationCodec) -> StreamCodec:
     return "stack-bf16" if codec == "stack-bf16" else "frame"
 
 
-def payload_of(codec: StreamCodec) -> Payload:
+def payload_of(codec: StreamKind) -> Payload:
     """The `payload` label of an ActRequest carrying `codec`."""
     return "activation" if codec == "activation" else "observation"
 
 
 def expected_observation(
-    codec: StreamCodec, num_envs: int | None, frame_stack: int, frame_size: int, width: int
+    codec: StreamKind, num_envs: int | None, frame_stack: int, frame_size: int, width: int
 ) -> tuple[int | None, Sequence[int | None]]:
     """(dtype, shape) an ActRequest's `observations` must have; None in the shape matches any size.
 

@@ -56,7 +56,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         metrics.run.info({"mode": settings.mode, "codec": wan_codec})
         self.env_meter = LinkMeter(metrics, "env-encoder")
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
-        self.codec = codecs.stream_codec(settings.mode, settings.codec)
+        self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
         torch.manual_seed(settings.seed)
         self.encoder = settings.network_config().encoder().eval()
         self.step_id_prefix = new_prefix()
@@ -120,7 +120,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 self.env_meter.received(step, phase="rollout", payload="observation")
                 encode_started = time.perf_counter()
                 request, frames = await self._act_request(stream, step)
-                if self.codec != "video":  # video is encoded per Act stream, in _act, and timed there
+                if self.stream_kind != "video":  # video is encoded per Act stream, in _act, and timed there
                     self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
                 response = await self._act(upstream, request, frames, redial)
                 reply = rollout_pb2.EnvAction(
@@ -162,13 +162,13 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         upstream.run_id = upstream.env_run_id if upstream.opened == 0 else f"{upstream.env_run_id}.{upstream.opened}"
         upstream.opened += 1
         metadata = (
-            (codecs.CODEC_METADATA_KEY, self.codec),
+            (codecs.CODEC_METADATA_KEY, self.stream_kind),
             (codecs.EDGE_ID_METADATA_KEY, self.settings.edge_id),
             (codecs.RUN_ID_METADATA_KEY, upstream.run_id),
         )
         upstream.call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
         upstream.sequence = 0
-        if self.codec == "video":  # fresh encoders: the new stream's first packets are keyframes
+        if self.stream_kind == "video":  # fresh encoders: the new stream's first packets are keyframes
             upstream.video = VideoStreamEncoder(self.settings.frame_size, self.settings)
         log.info("env run %s: Act stream to inference open as run %s", upstream.env_run_id, upstream.run_id)
         return upstream.call
@@ -181,7 +181,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         if call.done():  # inference ended the stream (e.g. refused it): report why, not a failed write
             await rpc.raise_if_failed(call)
             raise ConnectionError("inference closed the stream")
-        self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.codec))
+        self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.stream_kind))
         response = await rpc.exchange(call, request, self.settings.inference_timeout_s, "inference")
         self.wan_meter.received(response, phase="rollout", payload="action")
         self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
@@ -213,11 +213,11 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
         encoder_version = 0
         observations: wire.Tensor | None = None
-        if self.codec == "frame":
+        if self.stream_kind == "frame":
             observations = wire.encode(frames, compress=self.settings.codec == "frame+zstd")
-        elif self.codec != "video":
+        elif self.stream_kind != "video":
             stacks = stream.stacker.push(frames, episode_start)
-            if self.codec == "stack-bf16":
+            if self.stream_kind == "stack-bf16":
                 observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
             else:
                 loop = asyncio.get_running_loop()

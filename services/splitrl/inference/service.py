@@ -51,14 +51,14 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         metrics.run.info({"mode": settings.mode} | ({"codec": settings.codec} if settings.mode == "cloud" else {}))
         self.meter = LinkMeter(metrics, "encoder-inference")
         self.weights_meter = LinkMeter(metrics, "learner-inference")
-        self.codec = codecs.stream_codec(settings.mode, settings.codec)
+        self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
         self.model_config = settings.network_config()
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
         self.policy = Policy(settings.mode, self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
         self._decoding = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="video") if self.codec == "video" else None
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="video") if self.stream_kind == "video" else None
         )
         self.batcher = Batcher(
             self.policy.act,
@@ -107,9 +107,9 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self, request_iterator: AsyncIterator[rollout_pb2.ActRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.ActResponse]:
         metadata = dict(context.invocation_metadata() or ())
-        codec = metadata.get(codecs.CODEC_METADATA_KEY)
+        announced = metadata.get(codecs.CODEC_METADATA_KEY)  # the stream kind the edge says it sends
         # Every stream is a new run: its frame stacks and trajectories start empty, whoever sends it.
-        stream = _EdgeStream(self.settings, self.codec)
+        stream = _EdgeStream(self.settings, self.stream_kind)
         run_id = metadata.get(codecs.RUN_ID_METADATA_KEY, "(none)")
         log.info("Act stream open: edge %s, run %s", metadata.get(codecs.EDGE_ID_METADATA_KEY, "?"), run_id)
         self.batcher.open_streams += 1
@@ -117,12 +117,12 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             async for request in request_iterator:
                 # Refused only once the first request is read: ending the call while the edge is still
                 # writing it would make the edge see INTERNAL ("Internal error from Core"), not this reason.
-                if codec != self.codec:
+                if announced != self.stream_kind:
                     raise Refused(
-                        f"this inference serves {self.settings.mode!r} mode and expects codec {self.codec!r}; "
-                        f"the stream announced {codec!r}"
+                        f"this inference serves {self.settings.mode!r} mode and expects codec {self.stream_kind!r}; "
+                        f"the stream announced {announced!r}"
                     )
-                self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.codec))
+                self.meter.received(request, phase="rollout", payload=codecs.payload_of(self.stream_kind))
                 try:
                     observations = await self._policy_input(stream, request)
                 except VideoDecodeError:  # the stream ends, and its decoders with it
@@ -174,12 +174,14 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
 class _EdgeStream:
     """Validation, cloud-side frame stacks and trajectory cutting for one edge stream."""
 
-    def __init__(self, settings: InferenceSettings, codec: codecs.StreamCodec) -> None:
-        self.settings, self.codec = settings, codec
+    def __init__(self, settings: InferenceSettings, stream_kind: codecs.StreamKind) -> None:
+        self.settings, self.stream_kind = settings, stream_kind
         self.lockstep = LockstepStream("ActRequest")
         self.cutter = TrajectoryCutter(settings.unroll_length)
         self.stacker: FrameStacker | None = None
-        self.video = VideoStreamDecoder(settings.frame_size, settings.max_batch_size) if codec == "video" else None
+        self.video = (
+            VideoStreamDecoder(settings.frame_size, settings.max_batch_size) if stream_kind == "video" else None
+        )
 
     @property
     def num_envs(self) -> int | None:
@@ -188,7 +190,9 @@ class _EdgeStream:
     def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
         """Validate `request` and return what the policy consumes (uint8 stacks or bf16 activations)."""
         s = self.settings
-        dtype, shape = codecs.expected_observation(self.codec, self.num_envs, s.frame_stack, s.frame_size, s.width)
+        dtype, shape = codecs.expected_observation(
+            self.stream_kind, self.num_envs, s.frame_stack, s.frame_size, s.width
+        )
         if dtype is None:  # activations, in any float codec; NaN / Inf refused
             observations = wire.decode_float(
                 request.observations, expect_shape=shape, max_magnitude=s.activation_bound()
@@ -201,11 +205,11 @@ class _EdgeStream:
             raise BadRequest("ActRequest.step_ids / encoder_version must be below 2**63")
         n = observations.shape[0]
         starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated", "step_ids"))
-        if self.codec in ("frame", "video"):
+        if self.stream_kind in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
             return self.stacker.push(observations, starts).clone()
-        if self.codec == "stack-bf16":
+        if self.stream_kind == "stack-bf16":
             return observations.clamp(0, 255).round().to(torch.uint8)
         return observations
 
