@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from splitrl.cli.progress import Progress
 from splitrl.cli.tensorboard import TensorBoardLog
@@ -38,22 +39,15 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
     `resume`: `settings.run_dir` holds an earlier segment of this run; its checkpoints and curve go on.
     """
     run_dir = settings.run_dir or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{settings.mode}"
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics").mkdir(exist_ok=True)
-    for stale in (run_dir / "metrics").glob("*.prom"):  # a reused run dir: count only this run
-        stale.unlink()
-    curve = run_dir_files.load_curve(run_dir) if resume else []
+    curve = _open_run_dir(run_dir, resume)
     offset = curve[-1] if curve else run_dir_files.zero_point()
     done_steps = int(offset["env_steps"])
     if done_steps >= settings.steps:
         print(f"splitrl up: {run_dir} already took {done_steps} of --steps {settings.steps}; raise --steps to go on")
         return 0
-    if not resume:
-        (run_dir / run_dir_files.CURVE_FILE).unlink(missing_ok=True)
     run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
-    interrupted = start_failed = died = False
-
     plan(settings, run_dir, done_steps=done_steps)  # every service's settings validate before anything starts
+    interrupted = start_failed = died = False
 
     def settings_for(name: str) -> ServerSettings | None:
         steps = done_steps
@@ -109,14 +103,37 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
     if start_failed:  # no run took place: nothing that looks like a result
         return 1
     summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
+    _write_results(summary, run_dir, supervisor, tensorboard, offset)
+    progress.print_summary(summary, run_dir / "summary.json")
+    failed = [name for name, code in summary["exit_codes"].items() if code != 0]
+    return 130 if interrupted else (1 if failed or died else 0)
+
+
+def _open_run_dir(run_dir: Path, resume: bool) -> list[dict[str, float]]:
+    """Make RUN_DIR's folders, clear what counts only for one segment; returns the curve so far (resume)."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics").mkdir(exist_ok=True)
+    for stale in (run_dir / "metrics").glob("*.prom"):  # a reused run dir: count only this run
+        stale.unlink()
+    if resume:
+        return run_dir_files.load_curve(run_dir)
+    (run_dir / run_dir_files.CURVE_FILE).unlink(missing_ok=True)
+    return []
+
+
+def _write_results(
+    summary: dict[str, Any],
+    run_dir: Path,
+    supervisor: Supervisor,
+    tensorboard: TensorBoardLog | None,
+    offset: dict[str, float],
+) -> None:
+    """summary.json, TensorBoard's last point and learning.png."""
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if tensorboard is not None:  # the final counters too: a short run may update only near its end
         shutdown = shutdown_texts(run_dir)
-        tensorboard.add(curve[-1], shutdown + supervisor.retired_texts(), shutdown, offset)
+        tensorboard.add(summary["curve"][-1], shutdown + supervisor.retired_texts(), shutdown, offset)
         tensorboard.close()
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses RunSettings too, and needs no matplotlib
 
     plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir))
-    progress.print_summary(summary, run_dir / "summary.json")
-    failed = [name for name, code in summary["exit_codes"].items() if code != 0]
-    return 130 if interrupted else (1 if failed or died else 0)
