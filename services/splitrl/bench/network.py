@@ -20,8 +20,9 @@ from typing import Any
 from splitrl.bench.report import write_report
 from splitrl.bench.results import load_run
 from splitrl.bench.settings import NetworkBenchSettings
-from splitrl.core.args import to_argv
+from splitrl.core.args import settings_argv
 from splitrl.core.config import Mode
+from splitrl.run.settings import RunSettings
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def _is_complete(run_dir: Path, steps: int) -> bool:
 
 
 def _up_command(settings: NetworkBenchSettings, config: Config, seed: int, run_dir: Path) -> list[str]:
+    """The row's `splitrl up`, its settings validated here (RunSettings) before the child starts."""
     flags: dict[str, Any] = {
         **settings.env_flags(),  # width: each row's own, from config.up_flags() below
         "steps": settings.steps,
@@ -94,7 +96,7 @@ def _up_command(settings: NetworkBenchSettings, config: Config, seed: int, run_d
         "run_dir": run_dir,
         **config.up_flags(),
     }
-    return [sys.executable, "-m", "splitrl.cli.main", "up", *to_argv(flags)]
+    return [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(RunSettings(**flags))]
 
 
 def run_network_bench(settings: NetworkBenchSettings) -> int:

@@ -26,8 +26,9 @@ from splitrl.bench.baseline import BaselineResult, run_baseline, steady_window
 from splitrl.bench.link import LinkResult, measure
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.core import scrape
-from splitrl.core.args import to_argv
+from splitrl.core.args import settings_argv
 from splitrl.core.metrics import HOP_LATENCY, INFERENCE_BATCH_SIZE, POLICY_LAG
+from splitrl.run.settings import RunSettings
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -101,7 +102,7 @@ def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> St
         "progress_interval_s": 0.5,
         "run_dir": run_dir,
     }
-    command = [sys.executable, "-m", "splitrl.cli.main", "up", *to_argv(flags)]
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(RunSettings(**flags))]
     finished = subprocess.run(command, stdout=subprocess.DEVNULL)
     if finished.returncode != 0:
         raise RuntimeError(f"splitrl up --mode {mode} failed (exit {finished.returncode}); see {run_dir / 'logs'}")
