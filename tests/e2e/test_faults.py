@@ -30,8 +30,8 @@ from splitrl.core import scrape, trajectory
 from splitrl.core.config import ServerSettings
 from splitrl.core.step_ids import prefix_of
 from splitrl.replay.settings import ReplaySettings
-from splitrl.run.launcher import Child, spawn, stop_all, wait_ready
-from splitrl.run.plan import START_ORDER, plan
+from splitrl.run.launcher import Child, serving_addresses, spawn, stop_all, wait_ready
+from splitrl.run.plan import START_ORDER, amended, plan
 from splitrl.run.settings import RunSettings
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
@@ -82,16 +82,13 @@ class Cluster:
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (self.run_dir / "metrics").mkdir(exist_ok=True)
         for name in START_ORDER:
-            addresses = {peer: f"127.0.0.1:{child.ports['grpc']}" for peer, child in self.children.items()}
-            planned = plan(SETTINGS, self.run_dir, addresses)[name]
-            settings = type(planned).model_validate(
-                planned.model_dump(exclude_unset=True) | overrides(name, self.run_dir)
-            )
+            planned = plan(SETTINGS, self.run_dir, serving_addresses(self.children))[name]
+            settings = amended(planned, **overrides(name, self.run_dir))
             self.settings[name] = settings
             self.children[name] = spawn(name, settings, self.run_dir)
-            wait_ready(self.children[name], settings.port_file, self.run_dir, 120)
+            wait_ready(self.children[name], self.run_dir, 120)
         for name, child in self.children.items():  # a restart binds the same port: peers redial it
-            self.settings[name] = self.settings[name].model_copy(update={"port": child.ports["grpc"]})
+            self.settings[name] = amended(self.settings[name], port=child.ports["grpc"])
 
     def restart(self, name: str) -> float:
         """SIGKILL `name`, start it again with the same flags; returns the monotonic time of the restart."""
@@ -100,7 +97,7 @@ class Cluster:
         child.process.wait(10)
         restarted = time.monotonic()
         self.children[name] = spawn(name, self.settings[name], self.run_dir)
-        wait_ready(self.children[name], self.settings[name].port_file, self.run_dir, 120)
+        wait_ready(self.children[name], self.run_dir, 120)
         return restarted
 
     def metrics(self, name: str) -> str:

@@ -27,7 +27,7 @@ from pydantic import Field
 from splitrl.core import scrape
 from splitrl.core.config import TlsMode
 from splitrl.core.metrics import ENV_STEPS, WAN_LINKS
-from splitrl.run.launcher import Child, spawn, stop_all, wait_ready
+from splitrl.run.launcher import Child, serving_addresses, spawn, stop_all, wait_ready
 from splitrl.run.plan import START_ORDER, amended, plan, prepare_tls
 from splitrl.run.settings import RunSettings
 
@@ -193,13 +193,12 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     try:
         prepare_tls(settings, run_dir)
         for name in START_ORDER:
-            addresses = {peer: f"{hosts[peer]}:{child.ports['grpc']}" for peer, child in children.items()}
-            planned = plan(settings, run_dir, addresses, hosts=hosts)[name]
+            planned = plan(settings, run_dir, serving_addresses(children, hosts), hosts=hosts)[name]
             if settings.tls != "plaintext":  # peers are dialled at CLOUD_IP, which the loopback certificates lack
                 planned = amended(planned, tls_server_name="localhost")
             namespace = namespaces.cloud if name in CLOUD_SERVICES else namespaces.edge
             children[name] = spawn(name, planned, run_dir, ("ip", "netns", "exec", namespace))
-            wait_ready(children[name], planned.port_file, run_dir, settings.start_timeout_s)
+            wait_ready(children[name], run_dir, settings.start_timeout_s)
         started = time.monotonic()
         try:
             children["environment"].process.wait(settings.timeout_s)

@@ -27,7 +27,7 @@ from splitrl.core import scrape
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import ENV_STEPS
 from splitrl.run import files as run_dir_files
-from splitrl.run.launcher import GaveUp, StartFailed, Supervisor, stop_all
+from splitrl.run.launcher import GaveUp, StartFailed, Supervisor, serving_addresses, stop_all
 from splitrl.run.plan import plan, prepare_tls
 from splitrl.run.settings import RunSettings
 from splitrl.run.summary import build_summary, curve_point, extend_curve, shutdown_texts
@@ -55,8 +55,7 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
             steps += int(scrape.total(supervisor.retired_texts("environment"), f"{ENV_STEPS}_total"))
             if steps >= settings.steps:
                 return None
-        addresses = {peer: f"127.0.0.1:{child.ports['grpc']}" for peer, child in supervisor.children.items()}
-        return plan(settings, run_dir, addresses, done_steps=steps)[name]
+        return plan(settings, run_dir, serving_addresses(supervisor.children), done_steps=steps)[name]
 
     supervisor = Supervisor(
         run_dir, settings_for, max_restarts=settings.max_restarts, start_timeout_s=settings.start_timeout_s

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,14 +23,23 @@ from splitrl.core import scrape
 from splitrl.core.args import settings_argv
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import ServerSettings
-from splitrl.run.plan import START_ORDER
+from splitrl.run.plan import START_ORDER, amended
 
 
 @dataclass
 class Child:
+    """One service process; `ports` ({"grpc": N, "metrics": N}) are read from `port_file` once it serves."""
+
     name: str
     process: subprocess.Popen[bytes]
+    port_file: Path
     ports: dict[str, int] = field(default_factory=dict)
+
+
+def serving_addresses(children: Mapping[str, Child], hosts: Mapping[str, str] | None = None) -> dict[str, str]:
+    """host:port of each started service, for `plan` (hosts: where each is dialled, 127.0.0.1 unless given)."""
+    hosts = hosts or {}
+    return {name: f"{hosts.get(name, '127.0.0.1')}:{child.ports['grpc']}" for name, child in children.items()}
 
 
 def _die_with_parent() -> None:
@@ -48,10 +57,11 @@ def spawn(
     `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
     `append_log`: a restart adds to the service's log instead of replacing it.
     """
-    if settings.port_file is None:
+    port_file = settings.port_file
+    if port_file is None:
         raise ValueError(f"{name}: a spawned service needs a port_file to say it serves")
     command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *settings_argv(settings)]
-    settings.port_file.unlink(missing_ok=True)  # a reused run dir must not hand out old ports
+    port_file.unlink(missing_ok=True)  # a reused run dir must not hand out old ports
     log = (run_dir / "logs" / f"{name}.log").open("ab" if append_log else "wb")
     process = subprocess.Popen(
         command,
@@ -61,7 +71,7 @@ def spawn(
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
-    return Child(name, process)
+    return Child(name, process, port_file)
 
 
 class StartFailed(RuntimeError):
@@ -77,13 +87,12 @@ def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
     return "".join(f"\n    {line}" for line in lines)
 
 
-def wait_ready(child: Child, port_file: Path | None, run_dir: Path, timeout_s: float) -> None:
+def wait_ready(child: Child, run_dir: Path, timeout_s: float) -> None:
     """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
     than `timeout_s`."""
-    assert port_file is not None, "spawn refuses services without a port_file"
     log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
-    while not port_file.exists():
+    while not child.port_file.exists():
         if child.process.poll() is not None:
             raise StartFailed(
                 f"{child.name} exited with code {child.process.returncode} while starting; the end of {log}:"
@@ -92,7 +101,7 @@ def wait_ready(child: Child, port_file: Path | None, run_dir: Path, timeout_s: f
         if time.monotonic() > deadline:
             raise StartFailed(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
         time.sleep(0.05)
-    child.ports = json.loads(port_file.read_text())
+    child.ports = json.loads(child.port_file.read_text())
 
 
 def stop_child(child: Child, timeout_s: float) -> None:
@@ -158,10 +167,9 @@ class Supervisor:
 
     def _start(self, name: str, settings: ServerSettings, append_log: bool) -> None:
         if name in self._ports:  # same address as before: peers redial it
-            pinned = {"port": self._ports[name]["grpc"], "metrics_port": self._ports[name]["metrics"]}
-            settings = settings.model_copy(update=pinned)
+            settings = amended(settings, port=self._ports[name]["grpc"], metrics_port=self._ports[name]["metrics"])
         self.children[name] = child = spawn(name, settings, self.run_dir, append_log=append_log)
-        wait_ready(child, settings.port_file, self.run_dir, self.start_timeout_s)
+        wait_ready(child, self.run_dir, self.start_timeout_s)
         self._ports[name] = child.ports
 
     def environment_done(self) -> bool:
