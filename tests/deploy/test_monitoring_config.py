@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -63,3 +64,12 @@ def test_every_exported_series_is_known_to_the_dashboard_check() -> None:
     known = check.known_series()
     assert {"splitrl_link_bytes_total", "splitrl_run_info", "splitrl_policy_lag_bucket"} <= known
     assert "splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m" in known
+
+
+def test_dashboard_builders_target_the_grafana_that_compose_runs() -> None:
+    """The SDK's schema must be the one the provisioned Grafana reads (docker-compose.yml's default image)."""
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    image = compose["services"]["grafana"]["image"]  # ${GRAFANA_IMAGE:-grafana/grafana:X.Y.Z}
+    grafana_release = image.rstrip("}").rsplit(":", 1)[1]
+    sdk_release = importlib.metadata.version("grafana-foundation-sdk").split("!")[-1]
+    assert grafana_release.split(".")[:2] == sdk_release.split(".")[:2], (image, sdk_release)
