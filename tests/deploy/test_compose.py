@@ -121,10 +121,8 @@ def stack() -> Iterator[Stack]:
         "PROMETHEUS_IMAGE": prometheus_image,
         "PROMETHEUS_PORT": str(free_port()),
         "GRAFANA_PORT": str(free_port()),
-        "SPLITRL_MODE": "split",
-        "SPLITRL_ENV": "splitrl/Catch-v0",
-        "SPLITRL_FRAME_SIZE": "36",
-        "SPLITRL_WIDTH": "256",
+        # Mode, env, frame size and width come from compose's default recipe, configs/catch.yaml.
+        "SPLITRL_MAX_STEPS": "0",  # until stopped, over the recipe's 30,000 steps
         "SPLITRL_NUM_ENVS": "4",
         "SPLITRL_UNROLL_LENGTH": "16",
         "SPLITRL_CHUNKS_PER_UPDATE": "4",
@@ -172,6 +170,22 @@ def test_prometheus_scraped_every_service_and_every_link(stack: Stack) -> None:
     # The services that have a mode say which, so rules can label WAN bytes by mode.
     modes = {s["metric"]["job"]: s["metric"]["mode"] for s in stack.query('splitrl_run_info{mode!=""}')}
     assert modes == {"edge-encoder": "split", "inference": "split", "learner": "split"}
+
+
+def test_every_service_took_its_share_of_the_recipe_and_the_shells_overrides(stack: Stack) -> None:
+    """configs/catch.yaml's values (not the services' defaults: CarRacing-v3, 96, 4096) and the shell's."""
+    logs = stack.compose("logs", "--no-color", *SERVICES).stdout
+    told = {
+        line.split("|")[0].strip().rsplit("-", 1)[0]: json.loads(line.split("defaults): ", 1)[1])
+        for line in logs.splitlines()
+        if "settings (those not at their defaults): " in line
+    }
+    assert set(told) >= set(SERVICES) - {"prometheus", "grafana"}, logs[-3000:]
+    for name in ("inference", "learner", "edge-encoder", "environment"):
+        assert (told[name]["env"], told[name]["frame_size"], told[name]["width"]) == ("splitrl/Catch-v0", 36, 256)
+    assert (told["learner"]["learning_rate"], told["learner"]["chunks_per_update"]) == (5e-4, 4)  # recipe, shell
+    assert told["environment"]["num_envs"] == 4 and "max_steps" not in told["environment"]  # 0 is the default
+    assert told["replay"]["max_size"] == 2 * 8  # from the recipe's chunks_per_update (the shell's is the learner's)
 
 
 def test_every_dashboard_query_returns_data(stack: Stack) -> None:

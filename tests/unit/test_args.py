@@ -12,6 +12,7 @@ from splitrl.cli.main import build_parser
 from splitrl.core.args import add_settings_arguments, env_name, flag_name, settings_from_args
 from splitrl.core.config import Settings
 from splitrl.environment.settings import EnvironmentSettings
+from splitrl.run.plan import recipe_share
 
 
 @pytest.fixture(scope="module")
@@ -203,10 +204,16 @@ def test_config_file_can_come_from_the_environment(parser, tmp_path):
     assert up_settings(parser, environ={"SPLITRL_CONFIG": str(config)}).steps == 123
 
 
-def test_services_ignore_the_config_variable(parser, tmp_path):
+def test_a_service_reads_the_config_variable_as_a_run_recipe_and_takes_its_share(parser, tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text("steps: 123\n")  # an `up` setting; a service child inherits the variable and must not read it
-    assert environment_settings(parser, environ={"SPLITRL_CONFIG": str(config)}) == EnvironmentSettings()
+    config.write_text("steps: 123\nwidth: 64\nlearning_rate: 0.1\n")  # the environment takes the first two
+    namespace = parser.parse_args(["serve", "environment"])
+
+    def share(path: Path, _model: object) -> dict:
+        return recipe_share(path, "environment")
+
+    settings = settings_from_args(EnvironmentSettings, namespace, {"SPLITRL_CONFIG": str(config)}, share)
+    assert settings == EnvironmentSettings(max_steps=123, width=64)
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from splitrl.core.args import add_settings_arguments, settings_argv, settings_from_args
-from splitrl.run.plan import NOT_SERVING, SERVICE_SETTINGS, START_ORDER, amended, plan
+from splitrl.core.args import (
+    add_config_argument,
+    add_settings_arguments,
+    load_config,
+    settings_argv,
+    settings_from_args,
+    validate_settings,
+)
+from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.run.plan import NOT_SERVING, SERVICE_SETTINGS, START_ORDER, amended, plan, recipe_share
 from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
 RUN = RunSettings(
@@ -97,3 +105,49 @@ def test_port_files_and_final_metrics_land_in_the_run_directory(tmp_path: Path):
         assert settings.port_file == tmp_path / f"{name}.ports.json"
         assert settings.final_metrics_file == tmp_path / "metrics" / f"{name}.prom"
         assert (settings.port, settings.metrics_port) == (0, 0)
+
+
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "carracing.yaml"
+
+
+@pytest.mark.parametrize("name", START_ORDER)
+def test_a_service_started_from_a_recipe_agrees_with_what_up_plans_for_it(tmp_path, name):
+    """`splitrl serve NAME --config RECIPE` (compose, Kubernetes) and `splitrl up --config RECIPE` give a
+    service the same value for every field the recipe decides."""
+    share = recipe_share(RECIPE, name)
+    planned = plan(validate_settings(RunSettings, load_config(RECIPE, RunSettings)), tmp_path)[name]
+    assert share, f"{name} takes nothing from {RECIPE.name}"
+    assert {field: getattr(planned, field) for field in share} == share
+
+
+def test_a_recipe_share_holds_only_what_the_recipe_sets():
+    environment = recipe_share(RECIPE, "environment")
+    assert (environment["env"], environment["action_repeat"], environment["max_steps"]) == ("CarRacing-v3", 4, 750_000)
+    assert "seed" not in environment and "torch_threads" not in environment  # left to the service's defaults
+    assert recipe_share(RECIPE, "replay") == {"max_size": 2 * 16}  # chunks_per_update: 16
+    learner = recipe_share(RECIPE, "learner")
+    assert (learner["learning_rate"], learner["reward_scale"], learner["mode"]) == (2.5e-4, 0.1, "cloud")
+
+
+def test_a_recipe_with_a_key_no_run_has_fails_naming_it(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("env: CarRacing-v3\nlearning_rat: 0.001\n")
+    with pytest.raises(ValueError, match="unknown settings 'learning_rat'"):
+        recipe_share(recipe, "learner")
+    recipe.write_text("width: 0\n")
+    with pytest.raises(ValueError, match="--width / SPLITRL_WIDTH"):
+        recipe_share(recipe, "edge-encoder")
+
+
+def test_serve_takes_flags_then_non_empty_variables_then_the_recipe(tmp_path):
+    """Compose writes `${SPLITRL_WIDTH:-}` as an empty variable: that must leave the recipe's value."""
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, EdgeEncoderSettings)
+    add_config_argument(parser)
+    environ = {"SPLITRL_CONFIG": str(RECIPE), "SPLITRL_WIDTH": "", "SPLITRL_FRAME_STACK": "2"}
+
+    def share(path: Path, _model: object) -> dict:
+        return recipe_share(path, "edge-encoder")
+
+    edge = settings_from_args(EdgeEncoderSettings, parser.parse_args(["--codec", "frame"]), environ, share)
+    assert (edge.width, edge.frame_stack, edge.codec, edge.mode) == (4096, 2, "frame", "cloud")

@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="Run one service as this process.")
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
     for name, (settings_cls, _, help_text) in _services().items():
-        add_settings_arguments(services.add_parser(name, help=help_text, description=help_text), settings_cls)
+        service = services.add_parser(name, help=help_text, description=help_text)
+        add_settings_arguments(service, settings_cls)
+        add_config_argument(service, f"Run recipe (the file `splitrl up --config` takes): {name} takes its share")
     up = commands.add_parser(
         "up",
         help="Train locally: start every service on loopback, run N env steps, write a summary.",
@@ -278,10 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from splitrl.core import security
         from splitrl.core.service import run_service
+        from splitrl.run.plan import recipe_share
 
         settings_cls, service_cls, _ = _services()[args.service]
         try:
-            settings: Any = settings_from_args(settings_cls, args)
+            settings: Any = settings_from_args(
+                settings_cls, args, read_config=lambda path, _: recipe_share(path, args.service)
+            )
             security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
         except ValueError as error:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")

@@ -1,8 +1,9 @@
 """Settings models <-> argparse: each field is a flag, and SPLITRL_<FIELD> in the environment.
 
-Precedence: command-line flag, then environment variable, then the config
-file given with `--config` (a YAML mapping of field names to values, e.g.
-configs/carracing.yaml), then the field's default. Values are validated by the
+Precedence: command-line flag, then environment variable (an empty one counts as
+unset, as compose's `${VAR:-}` writes it), then the config file given with
+`--config` (a YAML mapping of field names to values, e.g. configs/carracing.yaml),
+then the field's default. Values are validated by the
 model, so `--num-envs 0` fails with the field's own rule and the value in the message.
 """
 
@@ -13,7 +14,7 @@ import json
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +25,8 @@ ENV_PREFIX = "SPLITRL_"
 #: Where add_config_argument's `--config` lands: not "config", which a settings model may use as a field.
 CONFIG_DEST = "config_file"
 M = TypeVar("M", bound=BaseModel)
+#: How a `--config` file becomes values of a model: load_config, or a service's share of a run recipe.
+ConfigReader = Callable[[Path, type[BaseModel]], dict[str, Any]]
 
 
 def flag_name(field: str) -> str:
@@ -71,7 +74,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
         )
 
 
-def add_config_argument(parser: argparse.ArgumentParser) -> None:
+def add_config_argument(
+    parser: argparse.ArgumentParser,
+    what: str = "YAML file of settings (keys are the flag names, with - or _)",
+) -> None:
     """`--config FILE`: settings from a YAML file, below flags and environment variables."""
     parser.add_argument(
         "--config",
@@ -79,8 +85,7 @@ def add_config_argument(parser: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         default=None,
-        help="YAML file of settings (keys are the flag names, with - or _); flags and SPLITRL_* variables "
-        f"override it [env {env_name('config')}]",
+        help=f"{what}; flags and SPLITRL_* variables override it [env {env_name('config')}]",
     )
 
 
@@ -123,16 +128,22 @@ def settings_argv(settings: BaseModel) -> list[str]:
     return to_argv(values)
 
 
-def given_values(model: type[BaseModel], namespace: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
-    """The values set by flags, SPLITRL_* variables or the `--config` file (in that precedence); no defaults."""
+def given_values(
+    model: type[BaseModel],
+    namespace: argparse.Namespace,
+    environ: Mapping[str, str],
+    read_config: ConfigReader = load_config,
+) -> dict[str, Any]:
+    """The values set by flags, non-empty SPLITRL_* variables or the `--config` file (in that precedence),
+    the file read by `read_config`; no defaults."""
     values: dict[str, Any] = {}
     if hasattr(namespace, CONFIG_DEST):  # only commands that take --config read SPLITRL_CONFIG
         config = getattr(namespace, CONFIG_DEST) or environ.get(env_name("config"))
-        values = load_config(Path(config), model) if config else {}
+        values = read_config(Path(config), model) if config else {}
     for name in model.model_fields:
         if hasattr(namespace, name):
             values[name] = getattr(namespace, name)
-        elif env_name(name) in environ:
+        elif environ.get(env_name(name), "") != "":
             values[name] = environ[env_name(name)]
     return values
 
@@ -149,9 +160,15 @@ def validate_settings(model: type[M], values: Mapping[str, Any]) -> M:
         raise ValueError("invalid settings:\n  " + "\n  ".join(problems)) from None
 
 
-def settings_from_args(model: type[M], namespace: argparse.Namespace, environ: Mapping[str, str] | None = None) -> M:
+def settings_from_args(
+    model: type[M],
+    namespace: argparse.Namespace,
+    environ: Mapping[str, str] | None = None,
+    read_config: ConfigReader = load_config,
+) -> M:
     """Build `model` from parsed flags, falling back to SPLITRL_* variables, then to the `--config` file.
 
     ValueError names the bad field.
     """
-    return validate_settings(model, given_values(model, namespace, os.environ if environ is None else environ))
+    environ = os.environ if environ is None else environ
+    return validate_settings(model, given_values(model, namespace, environ, read_config))

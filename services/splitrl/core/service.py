@@ -190,6 +190,8 @@ def configure_process(settings: ServerSettings) -> None:
 def run_service(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
     """A service process's whole life: set up, serve until signalled or finished, shut down; the exit status."""
     configure_process(settings)
+    # What this process was told, wherever it came from (flags, SPLITRL_* variables, a recipe): one line.
+    log.info("settings (those not at their defaults): %s", settings.model_dump_json(exclude_defaults=True))
     return asyncio.run(serve_until_signalled(build, settings, deadline=True))
 
 

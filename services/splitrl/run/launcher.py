@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from splitrl.core import scrape
-from splitrl.core.args import settings_argv
+from splitrl.core.args import env_name, settings_argv
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import ServerSettings
 from splitrl.run.plan import START_ORDER, amended
@@ -65,6 +66,8 @@ def spawn(
     log = (run_dir / "logs" / f"{name}.log").open("ab" if append_log else "wb")
     process = subprocess.Popen(
         command,
+        # Every setting is in the flags; a recipe named in the parent's environment is the parent's to read.
+        env={key: value for key, value in os.environ.items() if key != env_name("config")},
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from splitrl.core import certs
+from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.environment.settings import EnvironmentSettings
@@ -43,6 +44,37 @@ def shared_values(run: RunSettings, model: type[ServerSettings]) -> dict[str, An
     return {name: getattr(run, name) for group in groups for name in group.model_fields}
 
 
+def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, Any]:
+    """What service `name` takes from the run description itself, wherever it is placed: its shared groups,
+    torch threads, and the fields computed from run fields (see DERIVED_FROM). `done_steps`: as in `plan`."""
+    values = {**shared_values(run, SERVICE_SETTINGS[name]), "torch_threads": run.torch_threads}
+    if name == "replay":
+        values["max_size"] = run.replay_max_size or 2 * run.chunks_per_update
+    if name == "environment":
+        values["seed"] = run.seed + done_steps  # a resumed run plays tracks it has not played yet
+        values["max_steps"] = run.steps - done_steps
+    return values
+
+
+#: run_values' fields that are not copies of a run field of the same name: (service, field) -> run fields.
+DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
+    ("replay", "max_size"): frozenset({"replay_max_size", "chunks_per_update"}),
+    ("environment", "max_steps"): frozenset({"steps"}),
+}
+
+
+def recipe_share(recipe: Path, name: str) -> dict[str, Any]:
+    """Service `name`'s share of run recipe `recipe` (the YAML file `splitrl up --config` takes), for a service
+    started on its own (`splitrl serve NAME --config FILE`, compose, Kubernetes): the run_values that come from
+    fields the recipe sets. The recipe is validated as a whole run, so a typo in any key fails here."""
+    run = validate_settings(RunSettings, load_config(recipe, RunSettings))
+    return {
+        field: value
+        for field, value in run_values(run, name).items()
+        if DERIVED_FROM.get((name, field), {field}) & run.model_fields_set
+    }
+
+
 def plan(
     run: RunSettings,
     run_dir: Path,
@@ -65,8 +97,8 @@ def plan(
     def address(of: str) -> str:
         return addresses.get(of, NOT_SERVING)
 
-    own: dict[str, dict[str, Any]] = {
-        "replay": {"max_size": run.replay_max_size or 2 * run.chunks_per_update},
+    placement: dict[str, dict[str, Any]] = {
+        "replay": {},
         "inference": {"replay_address": address("replay")},
         "learner": {
             "replay_address": address("replay"),
@@ -78,25 +110,20 @@ def plan(
             "learner_address": address("learner"),
             "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
         },
-        "environment": {
-            "encoder_address": address("edge-encoder"),
-            "seed": run.seed + done_steps,  # a resumed run plays tracks it has not played yet
-            "max_steps": run.steps - done_steps,
-        },
+        "environment": {"encoder_address": address("edge-encoder")},
     }
     planned = {}
     for name in START_ORDER:
         model = SERVICE_SETTINGS[name]
         values = {
-            **shared_values(run, model),
+            **run_values(run, name, done_steps),
             "host": hosts.get(name, "127.0.0.1"),
             "port": 0,
             "metrics_port": 0,
             "port_file": run_dir / f"{name}.ports.json",
             "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
-            "torch_threads": run.torch_threads,
             **tls_values(name, run, run_dir),
-            **own[name],
+            **placement[name],
         }
         try:
             planned[name] = model(**values)
