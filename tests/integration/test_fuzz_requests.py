@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from splitrl.core import rpc, scrape, wire
+from splitrl.core.config import VideoSettings
 from splitrl.core.service import ServiceHost
-from splitrl.core.video import VideoSettings, VideoStreamEncoder
+from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.service import EdgeEncoderService
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.inference.service import InferenceService

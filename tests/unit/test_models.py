@@ -7,7 +7,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Independent, Normal
 
-from splitrl.core.models import ActionSpec, ActorCritic, ActorCriticHead, Encoder, ModelConfig
+from splitrl.core.models import ActorCritic, ActorCriticHead, Encoder
+from splitrl.core.spec import ActionSpec, ModelConfig
 
 B = 2
 

@@ -12,8 +12,8 @@ from gymnasium.utils.env_checker import check_env
 import splitrl.core.envs as envs
 from splitrl.core.action_repeat import ActionRepeat
 from splitrl.core.envs import CATCH_ID, action_spec_from_space, make_env
-from splitrl.core.models import ActionSpec
 from splitrl.core.pixel_env import BALL, PADDLE, CatchEnv
+from splitrl.core.spec import ActionSpec
 
 LEFT, STAY, RIGHT = 0, 1, 2
 

@@ -9,7 +9,8 @@ import pytest
 from splitrl.bench.learning import Row
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.run import files as run_dir_files
-from splitrl.run.evaluate import EvalSettings, summarize
+from splitrl.run.evaluate import summarize
+from splitrl.run.settings import EvalSettings
 
 
 def point(steps: float, **extra: float) -> dict[str, float]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from splitrl.core.models import ActionSpec, ModelConfig, cloud_network
+from splitrl.core.models import cloud_network
+from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from splitrl.core import video, wire
+from splitrl.core.config import VideoSettings
 
 SIZE = 96
 MAX_ROWS = 8
@@ -30,7 +31,7 @@ def driving_frames(count: int, envs: int = 1, seed: int = 0) -> list[torch.Tenso
 
 
 def test_lossless_crf0_gives_every_frame_back_bit_for_bit():
-    encoder = video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=0))
+    encoder = video.VideoStreamEncoder(SIZE, VideoSettings(video_crf=0))
     decoder = video.VideoStreamDecoder(SIZE, MAX_ROWS)
     for frames in driving_frames(20, envs=2):
         message = encoder.encode(frames)
@@ -40,7 +41,7 @@ def test_lossless_crf0_gives_every_frame_back_bit_for_bit():
 
 @pytest.mark.parametrize(("crf", "min_psnr_db"), [(18, 40.0), (23, 36.0), (28, 32.0)])
 def test_lossy_round_trip_stays_above_its_psnr_bound_and_bytes_fall_with_crf(crf, min_psnr_db):
-    encoder = video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=crf))
+    encoder = video.VideoStreamEncoder(SIZE, VideoSettings(video_crf=crf))
     decoder = video.VideoStreamDecoder(SIZE, MAX_ROWS)
     sizes, measured = [], []
     for frames in driving_frames(40):
@@ -56,7 +57,7 @@ def test_lossy_round_trip_stays_above_its_psnr_bound_and_bytes_fall_with_crf(crf
 
 
 def test_every_frame_in_gives_one_packet_out_and_one_frame_back():
-    encoder = video.FrameEncoder(SIZE, video.VideoSettings())
+    encoder = video.FrameEncoder(SIZE, VideoSettings())
     decoder = video.FrameDecoder(SIZE)
     for frames in driving_frames(10):
         packet = encoder.encode(frames[0].numpy())  # raises unless exactly one packet came out
@@ -65,7 +66,7 @@ def test_every_frame_in_gives_one_packet_out_and_one_frame_back():
 
 def test_each_env_has_its_own_encoder_and_decoder():
     """Two envs with different scenes in one stream: each row decodes to its own env's frame."""
-    encoder = video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=0))
+    encoder = video.VideoStreamEncoder(SIZE, VideoSettings(video_crf=0))
     decoder = video.VideoStreamDecoder(SIZE, MAX_ROWS)
     for frames in driving_frames(8, envs=3):
         decoded = decoder.decode(encoder.encode(frames))
@@ -79,7 +80,7 @@ def test_each_env_has_its_own_encoder_and_decoder():
 def test_two_streams_never_share_decoder_state():
     """Interleaved streams of different scenes, each into its own decoder, both decode exactly."""
     streams = [driving_frames(10, seed=seed) for seed in (1, 2)]
-    encoders = [video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=0)) for _ in streams]
+    encoders = [video.VideoStreamEncoder(SIZE, VideoSettings(video_crf=0)) for _ in streams]
     decoders = [video.VideoStreamDecoder(SIZE, MAX_ROWS) for _ in streams]
     for step in range(10):
         for frames, encoder, decoder in zip(streams, encoders, decoders, strict=True):
@@ -90,24 +91,24 @@ def test_a_stream_decodes_from_its_first_message_and_not_from_the_middle():
     """What a reconnect relies on: a fresh encoder starts with a keyframe, so a fresh decoder decodes its first
     message; a decoder that missed a stream's start refuses what follows instead of inventing frames."""
     frames = driving_frames(6)
-    old = video.VideoStreamEncoder(SIZE, video.VideoSettings())
+    old = video.VideoStreamEncoder(SIZE, VideoSettings())
     for step in range(5):
         old.encode(frames[step])
     with pytest.raises(wire.WireError, match=r"does not decode|decoded to 0 frames"):
         video.VideoStreamDecoder(SIZE, MAX_ROWS).decode(old.encode(frames[5]))
-    reopened = video.VideoStreamEncoder(SIZE, video.VideoSettings(video_crf=0))
+    reopened = video.VideoStreamEncoder(SIZE, VideoSettings(video_crf=0))
     assert torch.equal(video.VideoStreamDecoder(SIZE, MAX_ROWS).decode(reopened.encode(frames[5])), frames[5])
 
 
 def test_malformed_truncated_foreign_and_oversize_packets_are_refused():
-    encoder = video.VideoStreamEncoder(SIZE, video.VideoSettings())
+    encoder = video.VideoStreamEncoder(SIZE, VideoSettings())
     good = encoder.encode(driving_frames(1)[0])
     packet = wire.video_packets(good)[0]
     cases = {
         "garbage": (wire.encode_packets([b"\x00\x00\x01garbage"], (1, SIZE, SIZE)), "does not decode|decoded to 0"),
         "truncated": (wire.encode_packets([packet[: len(packet) // 3]], (1, SIZE, SIZE)), "does not decode|decoded"),
         "other size": (
-            video.VideoStreamEncoder(48, video.VideoSettings()).encode(torch.zeros(1, 48, 48, dtype=torch.uint8)),
+            video.VideoStreamEncoder(48, VideoSettings()).encode(torch.zeros(1, 48, 48, dtype=torch.uint8)),
             "does not match expected",
         ),
     }
@@ -125,7 +126,7 @@ def test_malformed_truncated_foreign_and_oversize_packets_are_refused():
 
 def test_a_picture_larger_than_the_stream_is_refused_before_it_is_decoded():
     """FFmpeg's max_pixels stops a forged keyframe of a huge picture from allocating its frame."""
-    big = video.VideoStreamEncoder(1024, video.VideoSettings()).encode(torch.zeros(1, 1024, 1024, dtype=torch.uint8))
+    big = video.VideoStreamEncoder(1024, VideoSettings()).encode(torch.zeros(1, 1024, 1024, dtype=torch.uint8))
     message = wire.encode_packets(wire.video_packets(big), (1, SIZE, SIZE))  # small enough to pass the size bound
     with pytest.raises(video.VideoDecodeError, match="does not decode"):
         video.VideoStreamDecoder(SIZE, MAX_ROWS).decode(message)
@@ -133,7 +134,7 @@ def test_a_picture_larger_than_the_stream_is_refused_before_it_is_decoded():
 
 def test_a_stream_holds_at_most_max_rows_decoders():
     frames = torch.zeros(MAX_ROWS + 1, SIZE, SIZE, dtype=torch.uint8)
-    message = video.VideoStreamEncoder(SIZE, video.VideoSettings()).encode(frames)
+    message = video.VideoStreamEncoder(SIZE, VideoSettings()).encode(frames)
     with pytest.raises(wire.WireError, match="at most 8"):
         video.VideoStreamDecoder(SIZE, MAX_ROWS).decode(message)
     with pytest.raises(ValueError, match="max_rows must be >= 1"):
@@ -141,7 +142,7 @@ def test_a_stream_holds_at_most_max_rows_decoders():
 
 
 def test_plain_decode_refuses_video_and_video_needs_uint8_frames():
-    message = video.VideoStreamEncoder(SIZE, video.VideoSettings()).encode(driving_frames(1)[0])
+    message = video.VideoStreamEncoder(SIZE, VideoSettings()).encode(driving_frames(1)[0])
     with pytest.raises(wire.WireError, match="only in its stream's video decoder"):
         wire.decode(message)
     message.dtype = wire.DType.DTYPE_INT8
@@ -160,4 +161,4 @@ def test_plain_decode_refuses_video_and_video_needs_uint8_frames():
 @pytest.mark.parametrize("bad", [{"video_crf": 52}, {"video_crf": -1}, {"video_preset": "placebo"}])
 def test_bad_video_settings_are_refused(bad):
     with pytest.raises(ValueError, match="video_"):
-        video.VideoSettings(**bad)
+        VideoSettings(**bad)

@@ -263,3 +263,41 @@ def test_dtype_code_by_name():
 def test_dtype_code_rejects_an_unknown_name():
     with pytest.raises(ValueError, match="unknown dtype 'float64'"):
         wire.dtype_code("float64")
+
+
+@pytest.mark.parametrize("name", NUMPY_DTYPES)
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), compress=st.booleans())
+def test_numpy_in_and_out_never_needs_torch_and_matches_the_torch_path(name, data, compress):
+    """decode_array(encode(array)) is the array; the message is byte-identical to the one torch's path makes."""
+    array = data.draw(hnp.arrays(np.dtype(name), data.draw(shapes)))
+    message = wire.encode(array, compress=compress)
+    assert message == wire.encode(torch.from_numpy(array.copy()), compress=compress)
+    decoded = wire.decode_array(message)
+    assert decoded.dtype == array.dtype and decoded.shape == array.shape and decoded.flags.writeable
+    assert decoded.tobytes() == np.ascontiguousarray(array).tobytes()
+
+
+def test_big_endian_and_strided_numpy_arrays_are_sent_little_endian_row_major():
+    array = np.arange(12, dtype=">f4").reshape(3, 4).T
+    assert wire.decode_array(wire.encode(array)).tolist() == array.tolist()
+
+
+def test_decode_array_refuses_what_numpy_cannot_hold_and_validates_like_decode():
+    for dtype in (DType.DTYPE_BFLOAT16, DType.DTYPE_FLOAT8_E4M3FN):
+        message = wire.encode(torch.zeros(2), dtype)
+        with pytest.raises(wire.WireError, match="has no numpy dtype"):
+            wire.decode_array(message)
+    truncated = wire.Tensor(dtype=DType.DTYPE_INT64, shape=[2], data=b"\x00" * 9)
+    with pytest.raises(wire.WireError, match="needs 16"):
+        wire.decode_array(truncated)
+    quantized = wire.encode_float(torch.tensor([[0.5, -1.0, 0.25]]), "int4")
+    assert wire.decode_array(quantized).tolist() == wire.decode(quantized).tolist()
+    assert wire.decode_array(quantized)[0, 1] == -7  # the row's largest magnitude
+
+
+def test_numpy_dtypes_the_wire_has_no_code_for_are_refused_by_name():
+    with pytest.raises(wire.WireError, match="cannot encode numpy dtype float64"):
+        wire.encode(np.zeros(3))
+    with pytest.raises(wire.WireError, match="cannot encode numpy dtype <U1"):
+        wire.encode(np.array(["a"]))

@@ -23,7 +23,7 @@ from typing import Any, get_args
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.core.args import load_config, to_argv
-from splitrl.core.models import Bottleneck
+from splitrl.core.spec import Bottleneck
 from splitrl.run import files as run_dir_files
 from splitrl.run.summary import mean_return_between
 

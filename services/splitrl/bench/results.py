@@ -15,7 +15,7 @@ from typing import Any
 
 from splitrl.bench.settings import RETURN_TOLERANCE
 from splitrl.core import scrape
-from splitrl.core.video import VideoSettings
+from splitrl.core.config import VideoSettings
 from splitrl.run.summary import mean_return_between
 
 PHASES = ("rollout", "training", "weights")

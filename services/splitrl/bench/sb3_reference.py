@@ -31,10 +31,10 @@ import torch
 
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.core.envs import make_env
-from splitrl.core.models import ActionSpec
+from splitrl.core.spec import ActionSpec
 from splitrl.run import files as run_dir_files
-from splitrl.run.evaluate import EvalSettings, evaluate_actor
-from splitrl.run.settings import RunSettings
+from splitrl.run.evaluate import evaluate_actor
+from splitrl.run.settings import EvalSettings, RunSettings
 
 ROW = "sb3-ppo"
 MODEL_FILE = "sb3_ppo.zip"

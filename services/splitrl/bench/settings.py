@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
-from splitrl.core.models import Bottleneck
+from splitrl.core.spec import Bottleneck
 
 T = TypeVar("T")
 #: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.

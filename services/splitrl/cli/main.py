@@ -5,6 +5,7 @@ or report on runs (`report RUN_DIR...`)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -21,36 +22,41 @@ from splitrl.core.args import (
 )
 from splitrl.run.files import load_evals
 
+#: What `splitrl serve NAME` runs: NAME -> (module, service class, help). Only the module of the service that
+#: runs is imported, so each process loads what it needs (the environment: no torch) and starts fast.
+SERVICES: dict[str, tuple[str, str, str]] = {
+    "environment": (
+        "splitrl.environment.service",
+        "EnvironmentService",
+        "Step gymnasium envs; stream frames to the edge-encoder.",
+    ),
+    "edge-encoder": (
+        "splitrl.edge_encoder.service",
+        "EdgeEncoderService",
+        "Stack frames, encode (split), dial inference.",
+    ),
+    "inference": (
+        "splitrl.inference.service",
+        "InferenceService",
+        "Batch edge streams, act, write trajectories to replay.",
+    ),
+    "replay": ("splitrl.replay.service", "ReplayService", "Store trajectory chunks; serve samples."),
+    "learner": (
+        "splitrl.learner.service",
+        "LearnerService",
+        "Train the policy with PPO; publish weights to inference.",
+    ),
+}
 
-def _services() -> dict[str, tuple[type, Callable[..., Any], str]]:
-    # Imported here so `splitrl --help` stays fast and each service imports only what it needs.
-    from splitrl.edge_encoder.service import EdgeEncoderService
-    from splitrl.edge_encoder.settings import EdgeEncoderSettings
-    from splitrl.environment.service import EnvironmentService
-    from splitrl.environment.settings import EnvironmentSettings
-    from splitrl.inference.service import InferenceService
-    from splitrl.inference.settings import InferenceSettings
-    from splitrl.learner.service import LearnerService
-    from splitrl.learner.settings import LearnerSettings
-    from splitrl.replay.service import ReplayService
-    from splitrl.replay.settings import ReplaySettings
 
-    return {
-        "environment": (
-            EnvironmentSettings,
-            EnvironmentService,
-            "Step gymnasium envs; stream frames to the edge-encoder.",
-        ),
-        "edge-encoder": (EdgeEncoderSettings, EdgeEncoderService, "Stack frames, encode (split), dial inference."),
-        "inference": (InferenceSettings, InferenceService, "Batch edge streams, act, write trajectories to replay."),
-        "replay": (ReplaySettings, ReplayService, "Store trajectory chunks; serve samples."),
-        "learner": (LearnerSettings, LearnerService, "Train the policy with PPO; publish weights to inference."),
-    }
+def _service_class(name: str) -> Callable[..., Any]:
+    module, class_name, _ = SERVICES[name]
+    return getattr(importlib.import_module(module), class_name)  # type: ignore[no-any-return]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from splitrl.run.evaluate import EvalSettings
-    from splitrl.run.settings import RunSettings
+    from splitrl.run.plan import SERVICE_SETTINGS
+    from splitrl.run.settings import EvalSettings, RunSettings
 
     parser = argparse.ArgumentParser(
         prog="splitrl",
@@ -60,9 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="Run one service as this process.")
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
-    for name, (settings_cls, _, help_text) in _services().items():
+    for name, (_, _, help_text) in SERVICES.items():
         service = services.add_parser(name, help=help_text, description=help_text)
-        add_settings_arguments(service, settings_cls)
+        add_settings_arguments(service, SERVICE_SETTINGS[name])
         add_config_argument(service, f"Run recipe (the file `splitrl up --config` takes): {name} takes its share")
     up = commands.add_parser(
         "up",
@@ -210,7 +216,8 @@ def _plot(parser: argparse.ArgumentParser, run_dir: Path) -> int:
 
 def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.cli.plots import plot_run
-    from splitrl.run.evaluate import EvalSettings, evaluate
+    from splitrl.run.evaluate import evaluate
+    from splitrl.run.settings import EvalSettings
 
     try:
         settings = settings_from_args(EvalSettings, args)
@@ -280,9 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "serve":
         from splitrl.core import security
         from splitrl.core.service import run_service
-        from splitrl.run.plan import recipe_share
+        from splitrl.run.plan import SERVICE_SETTINGS, recipe_share
 
-        settings_cls, service_cls, _ = _services()[args.service]
+        settings_cls = SERVICE_SETTINGS[args.service]
         try:
             settings: Any = settings_from_args(
                 settings_cls, args, read_config=lambda path, _: recipe_share(path, args.service)
@@ -290,6 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
         except ValueError as error:
             parser.exit(2, f"splitrl serve {args.service}: {error}\n")
+        service_cls = _service_class(args.service)
         return run_service(lambda metrics: service_cls(settings, metrics), settings)
     if args.command == "certs":
         return _certs(parser, args)

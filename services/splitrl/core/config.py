@@ -6,11 +6,12 @@ Each service has one frozen pydantic model. Field names are the CLI flags
 Validation happens at construction, so a bad value fails before anything starts.
 
 What several processes must agree on is declared once, in a group (EnvSettings,
-ModeSettings, SeedSettings here; PPOSettings, VecEnvSettings, ChunkSettings,
-VideoSettings beside the service that acts on them). A service's model and the
+ModeSettings, SeedSettings, VideoSettings here; PPOSettings, VecEnvSettings,
+ChunkSettings beside the service that acts on them). A service's model and the
 run's (`splitrl.run.settings.RunSettings`) inherit the groups, so a field means
 the same thing, with the same default, everywhere it appears; `splitrl.run.plan`
-copies a run's values to each service by those shared names.
+copies a run's values to each service by those shared names. Nothing here imports
+torch or PyAV: every process parses every service's settings (`splitrl --help`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from splitrl.core.models import Bottleneck, ModelConfig
+from splitrl.core.spec import Bottleneck, ModelConfig
 
 Mode = Literal["cloud", "split", "split-accumulate"]
 #: How cloud mode sends observations over the WAN (docs/design.md §3): the newest uint8 frame (stacked in the
@@ -170,3 +171,27 @@ class EnvSettings(Settings):
             except json.JSONDecodeError as error:
                 raise ValueError(f"env_kwargs must be a JSON object, got {value!r}: {error}") from None
         return value
+
+
+#: x264 speed presets, fastest first; slower ones spend more edge CPU for fewer bytes.
+VideoPreset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"]
+
+
+class VideoSettings(Settings):
+    """How cloud mode's H.264 stream is encoded on the edge (`--codec h264`)."""
+
+    video_crf: int = Field(
+        23,
+        ge=0,
+        le=51,
+        description="H.264 constant rate factor: 0 lossless, 18 / 23 / 28 about 47 / 43 / 39 dB PSNR on "
+        "CarRacing (higher = fewer bytes, lower quality).",
+    )
+    video_preset: VideoPreset = Field(
+        "veryfast", description="x264 speed preset: slower presets spend more edge CPU for fewer bytes."
+    )
+    video_measure_psnr: bool = Field(
+        True,
+        description="Decode the edge's own packets to export the PSNR the cloud sees (splitrl_video_psnr_db); "
+        "costs the edge one decode per frame.",
+    )

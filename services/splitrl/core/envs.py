@@ -7,17 +7,17 @@ the fast pixel env as `splitrl/Catch-v0`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from functools import partial
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import torch
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from splitrl.core.action_repeat import ActionRepeat
-from splitrl.core.models import ActionSpec
+from splitrl.core.spec import ActionSpec
 
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
@@ -54,11 +54,22 @@ def ensure_registered(env_id: str) -> None:
         ) from None
 
 
+@functools.lru_cache(maxsize=16)
+def _area_weights(length: int, size: int) -> np.ndarray:
+    """[size, length] averaging matrix: output i is the mean of inputs floor(i L / S) .. ceil((i + 1) L / S) - 1,
+    the bins of torch's adaptive average pooling (interpolate mode="area")."""
+    weights = np.zeros((size, length))
+    for i in range(size):
+        start, end = (i * length) // size, -(-(i + 1) * length // size)
+        weights[i, start:end] = 1.0 / (end - start)
+    return weights
+
+
 def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [H, W] -> uint8 [size, size] by area averaging (torch, so no OpenCV dependency)."""
-    tensor = torch.from_numpy(np.ascontiguousarray(frame)).float()[None, None]
-    resized = torch.nn.functional.interpolate(tensor, size=(size, size), mode="area")
-    return resized[0, 0].round().clamp(0, 255).to(torch.uint8).numpy()
+    """uint8 [H, W] -> uint8 [size, size] by area averaging (numpy: no OpenCV, and no torch on the edge)."""
+    height, width = frame.shape
+    resized = _area_weights(height, size) @ frame.astype(np.float64) @ _area_weights(width, size).T
+    return np.clip(np.round(resized), 0, 255).astype(np.uint8)
 
 
 def make_env(

@@ -7,38 +7,16 @@ other width adds a linear bottleneck after the convolutions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-if TYPE_CHECKING:  # config imports this module
+from splitrl.core.spec import ActionSpec, Bottleneck, ModelConfig
+
+if TYPE_CHECKING:
     from splitrl.core.config import Mode
-
-
-@dataclass(frozen=True)
-class ActionSpec:
-    """The action space a policy acts in: `discrete` with `size` choices, or `continuous` with `size` dims."""
-
-    kind: Literal["discrete", "continuous"]
-    size: int
-    low: tuple[float, ...] = ()
-    high: tuple[float, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("discrete", "continuous"):
-            raise ValueError(f"ActionSpec.kind must be 'discrete' or 'continuous', got {self.kind!r}")
-        if self.size < 1:
-            raise ValueError(f"ActionSpec.size must be >= 1, got {self.size}")
-        if self.kind == "continuous" and not (len(self.low) == len(self.high) == self.size):
-            raise ValueError(f"continuous ActionSpec needs {self.size} low/high bounds, got {self.low}/{self.high}")
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        """Shape of one env's action: () for discrete, (size,) for continuous."""
-        return () if self.kind == "discrete" else (self.size,)
 
 
 def _conv_output_size(frame_stack: int, frame_size: int) -> int:
@@ -56,13 +34,6 @@ def _conv_stack(frame_stack: int) -> nn.Sequential:
         nn.ReLU(),
         nn.Flatten(),
     )
-
-
-#: The encoder's last layer. relu: activations >= 0, unbounded. layernorm: each row normalised to mean 0 and
-#: variance 1 (no learned gain), so |activation| <= sqrt(width - 1) whatever the weights: a trained encoder cannot
-#: inflate what it sends (on CarRacing a ReLU width-32 split-accumulate encoder grew its activations ~3,000x within
-#: 1,200 edge steps and the policy collapsed; README "CarRacing").
-Bottleneck = Literal["relu", "layernorm"]
 
 
 class Encoder(nn.Module):
@@ -114,26 +85,6 @@ class ActorCriticHead(nn.Module):
         if self.action_spec.kind == "discrete":
             return Categorical(logits=logits_or_mean), value
         return Independent(Normal(logits_or_mean, self.log_std.exp()), 1), value
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shapes shared by edge and cloud; both ends must agree on them."""
-
-    frame_stack: int = 4
-    frame_size: int = 96
-    width: int = 4096
-    bottleneck: Bottleneck = "relu"
-
-    def encoder(self) -> Encoder:
-        return Encoder(self.frame_stack, self.frame_size, self.width, self.bottleneck)
-
-    def activation_bound(self, relu_bound: float) -> float:
-        """Largest |activation| a healthy encoder sends: sqrt(width - 1) for layernorm (plus 1% for bf16
-        rounding), `relu_bound` (a setting) for relu, whose outputs have no bound of their own."""
-        if self.bottleneck == "layernorm":
-            return max(self.width - 1, 1) ** 0.5 * 1.01
-        return relu_bound
 
 
 class ActorCritic(nn.Module):

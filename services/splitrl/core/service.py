@@ -12,13 +12,13 @@ import json
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-import torch
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
 from splitrl.core import rpc, security
@@ -180,8 +180,14 @@ class ShutdownDeadline:
 
 
 def configure_process(settings: ServerSettings) -> None:
-    """Process-wide set-up every service entry point does first: logging and torch threads."""
+    """Process-wide set-up every service entry point does first: logging and torch threads.
+
+    torch is set up only where it is loaded: a service's module imports it before this runs, and the
+    environment service, which never runs a network, does not load it at all (a small edge)."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
     torch.set_num_threads(settings.torch_threads)
     with contextlib.suppress(RuntimeError):  # only settable before any parallel work ran
         torch.set_num_interop_threads(1)

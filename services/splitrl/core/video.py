@@ -24,18 +24,14 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Literal
 
 import av
 import numpy as np
 import torch
-from pydantic import Field
 
 from splitrl.core import wire
-from splitrl.core.config import Settings
+from splitrl.core.config import VideoSettings
 
-#: x264 speed presets, fastest first; slower ones spend more edge CPU for fewer bytes.
-VideoPreset = Literal["ultrafast", "superfast", "veryfast", "faster", "fast", "medium"]
 #: PSNR recorded for a frame decoded identical to the original (an infinite PSNR would poison a mean).
 LOSSLESS_PSNR_DB = 100.0
 #: FFmpeg counts a picture's padded width against max_pixels: S x (S + this) admits an S x S frame.
@@ -48,26 +44,6 @@ class VideoDecodeError(wire.WireError):
 
 #: The frame rate written into the stream; it only scales timestamps (x264's rate control uses crf).
 _TIME_BASE = Fraction(1, 50)
-
-
-class VideoSettings(Settings):
-    """How cloud mode's H.264 stream is encoded on the edge (`--codec h264`)."""
-
-    video_crf: int = Field(
-        23,
-        ge=0,
-        le=51,
-        description="H.264 constant rate factor: 0 lossless, 18 / 23 / 28 about 47 / 43 / 39 dB PSNR on "
-        "CarRacing (higher = fewer bytes, lower quality).",
-    )
-    video_preset: VideoPreset = Field(
-        "veryfast", description="x264 speed preset: slower presets spend more edge CPU for fewer bytes."
-    )
-    video_measure_psnr: bool = Field(
-        True,
-        description="Decode the edge's own packets to export the PSNR the cloud sees (splitrl_video_psnr_db); "
-        "costs the edge one decode per frame.",
-    )
 
 
 class FrameEncoder:

@@ -12,6 +12,10 @@ INVALID_ARGUMENT (see splitrl.core.rpc).
 A batch of frames sent as video (COMPRESSION_H264) is framed here too
 (`encode_packets`, `video_packets`: one packet per row), but only a stateful
 decoder turns packets into frames: splitrl.core.video.
+
+torch is imported only by the calls that take or return torch tensors: numpy arrays
+in (`encode`) and out (`decode_array`) never load it, so the environment service,
+which only sends uint8 frames and reads actions, runs without torch.
 """
 
 from __future__ import annotations
@@ -21,14 +25,16 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
-import torch
 import zstandard
 
 from splitrl.core.config import FloatCodec
 from splitrl.v1 import tensor_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 Tensor = tensor_pb2.Tensor
 DType = tensor_pb2.DType
@@ -53,20 +59,27 @@ class WireError(ValueError):
 
 @dataclass(frozen=True)
 class _DTypeInfo:
-    torch_dtype: torch.dtype  # what decode returns; INT4 comes back unpacked, one int8 per element
+    torch_name: str  # the torch dtype decode returns; INT4 comes back unpacked, one int8 per element
     bits: int  # per element on the wire
+    numpy: np.dtype[Any] | None = None  # the numpy dtype decode_array returns; None: numpy has none
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.torch_name)  # type: ignore[no-any-return]
 
 
 _DTYPES: dict[int, _DTypeInfo] = {
-    DType.DTYPE_BFLOAT16: _DTypeInfo(torch.bfloat16, 16),
-    DType.DTYPE_FLOAT32: _DTypeInfo(torch.float32, 32),
-    DType.DTYPE_UINT8: _DTypeInfo(torch.uint8, 8),
-    DType.DTYPE_INT8: _DTypeInfo(torch.int8, 8),
-    DType.DTYPE_INT64: _DTypeInfo(torch.int64, 64),
-    DType.DTYPE_FLOAT16: _DTypeInfo(torch.float16, 16),
-    DType.DTYPE_BOOL: _DTypeInfo(torch.bool, 8),
-    DType.DTYPE_FLOAT8_E4M3FN: _DTypeInfo(torch.float8_e4m3fn, 8),
-    DType.DTYPE_INT4: _DTypeInfo(torch.int8, 4),
+    DType.DTYPE_BFLOAT16: _DTypeInfo("bfloat16", 16),
+    DType.DTYPE_FLOAT32: _DTypeInfo("float32", 32, np.dtype(np.float32)),
+    DType.DTYPE_UINT8: _DTypeInfo("uint8", 8, np.dtype(np.uint8)),
+    DType.DTYPE_INT8: _DTypeInfo("int8", 8, np.dtype(np.int8)),
+    DType.DTYPE_INT64: _DTypeInfo("int64", 64, np.dtype(np.int64)),
+    DType.DTYPE_FLOAT16: _DTypeInfo("float16", 16, np.dtype(np.float16)),
+    DType.DTYPE_BOOL: _DTypeInfo("bool", 8, np.dtype(np.bool_)),
+    DType.DTYPE_FLOAT8_E4M3FN: _DTypeInfo("float8_e4m3fn", 8),
+    DType.DTYPE_INT4: _DTypeInfo("int8", 4, np.dtype(np.int8)),
 }
 #: Quantized dtypes and the largest magnitude a row is scaled to (int8 and int4 are symmetric: -128 and -8 unused).
 _QUANTIZED_LIMIT: dict[int, float] = {
@@ -81,9 +94,10 @@ _CODEC_DTYPES = {
     "int4": DType.DTYPE_INT4,
     "fp8": DType.DTYPE_FLOAT8_E4M3FN,
 }
-#: The wire dtype of each torch dtype `encode` takes (INT4 has no torch dtype: encode_float packs it).
-_BY_TORCH: dict[torch.dtype, int] = {
-    info.torch_dtype: code for code, info in _DTYPES.items() if code != DType.DTYPE_INT4
+#: The wire dtype of each torch dtype name and numpy dtype `encode` takes (INT4 has neither: encode_float packs it).
+_BY_TORCH: dict[str, int] = {info.torch_name: code for code, info in _DTYPES.items() if code != DType.DTYPE_INT4}
+_BY_NUMPY: dict[np.dtype[Any], int] = {
+    info.numpy: code for code, info in _DTYPES.items() if info.numpy is not None and code != DType.DTYPE_INT4
 }
 #: Largest H.264 packet accepted for one frame of P pixels: 2 P + 1 KiB (a lossless keyframe of noise stays below).
 _VIDEO_PACKET_SLACK_BYTES = 1024
@@ -123,13 +137,32 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compre
 
     `compress` packs the bytes as one zstd frame (level ZSTD_LEVEL) that records its content size.
     """
-    tensor = _from_numpy(value) if isinstance(value, np.ndarray) else value
-    tensor = tensor.detach().cpu()
     if dtype == DType.DTYPE_INT4:
         raise WireError("int4 has no torch dtype to convert to; quantize with encode_float(value, 'int4')")
+    if isinstance(value, np.ndarray) and (dtype is None or _info(dtype).numpy is not None):
+        return _encode_array(value, dtype, compress)
+    return _encode_tensor(_from_numpy(value) if isinstance(value, np.ndarray) else value, dtype, compress)
+
+
+def _encode_array(array: np.ndarray, dtype: int | None, compress: bool) -> Tensor:
+    """encode's numpy path (no torch): native byte order, row-major."""
+    if dtype is not None:
+        array = array.astype(_info(dtype).numpy)
+    native_dtype = array.dtype.newbyteorder("=")
+    code = _BY_NUMPY.get(native_dtype)
+    if code is None:
+        raise WireError(f"cannot encode numpy dtype {array.dtype}; supported: {sorted(DTYPE_NAMES)}")
+    native = np.ascontiguousarray(array, dtype=native_dtype)  # 1-d for a 0-d array: the shape is array's
+    return _message(code, array.shape, native.tobytes(), compress)
+
+
+def _encode_tensor(tensor: torch.Tensor, dtype: int | None, compress: bool) -> Tensor:
+    import torch
+
+    tensor = tensor.detach().cpu()
     if dtype is not None:
         tensor = tensor.to(_info(dtype).torch_dtype)
-    code = _BY_TORCH.get(tensor.dtype)
+    code = _BY_TORCH.get(str(tensor.dtype).removeprefix("torch."))
     if code is None:
         raise WireError(f"cannot encode torch dtype {tensor.dtype}; supported: {sorted(DTYPE_NAMES)}")
     tensor = tensor.contiguous()
@@ -162,6 +195,8 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
     e4m3), and send the scales as float32 `row_scale`; an all-zero row gets scale 0. "+zstd"
     compresses the elements. NaN or Inf cannot be quantized: WireError.
     """
+    import torch
+
     precision, _, packing = codec.partition("+")
     if precision not in _CODEC_DTYPES or packing not in ("", "zstd"):
         raise ValueError(f"unknown float codec {codec!r}; expected one of {list(FLOAT_CODECS)}")
@@ -197,7 +232,7 @@ def _pack_int4(values: torch.Tensor) -> bytes:
     return (nibbles[0::2] | (nibbles[1::2] << 4)).tobytes()
 
 
-def _unpack_int4(data: bytes, count: int) -> torch.Tensor:
+def _unpack_int4(data: bytes, count: int) -> np.ndarray:
     """The inverse of _pack_int4: `count` int8 elements; WireError for -8 or a set padding nibble."""
     packed = np.frombuffer(data, dtype=np.uint8)
     nibbles = np.empty(packed.size * 2, dtype=np.uint8)
@@ -208,7 +243,7 @@ def _unpack_int4(data: bytes, count: int) -> torch.Tensor:
     if (values == 8).any():
         raise WireError("int4 tensor holds -8; elements must be in [-7, 7]")
     values[values > 8] -= 16
-    return torch.from_numpy(values)
+    return values
 
 
 def encode_packets(packets: Sequence[bytes], shape: Sequence[int]) -> Tensor:
@@ -237,6 +272,8 @@ def video_packets(
 
 def _from_numpy(array: np.ndarray) -> torch.Tensor:
     """A torch view of any numpy array: native byte order, writable, and its shape kept (0-d too)."""
+    import torch
+
     shape = array.shape
     native = np.ascontiguousarray(array)
     if not native.dtype.isnative:
@@ -363,17 +400,44 @@ def decode(
 
     A quantized tensor comes back as its int8 / float8 elements; `decode_float` applies the scales.
     """
+    import torch
+
     validate(message, max_bytes=max_bytes, expect_dtype=expect_dtype, expect_shape=expect_shape)
+    info = _DTYPES[message.dtype]
+    if info.numpy is not None:
+        return torch.from_numpy(_array(message))
+    shape = tuple(message.shape)
+    data = _elements(message, data_bytes(message.dtype, math.prod(shape)))
+    if not data:
+        return torch.empty(shape, dtype=info.torch_dtype)
+    # bytearray makes the one copy that gives torch a writable buffer it owns.
+    return torch.frombuffer(bytearray(data), dtype=info.torch_dtype).reshape(shape)
+
+
+def decode_array(
+    message: Tensor,
+    *,
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+    expect_dtype: int | None = None,
+    expect_shape: Sequence[int | None] | None = None,
+) -> np.ndarray:
+    """`decode` without torch: a fresh, writable numpy array. WireError for bfloat16 and float8, which numpy
+    cannot hold (`decode` can)."""
+    validate(message, max_bytes=max_bytes, expect_dtype=expect_dtype, expect_shape=expect_shape)
+    if _DTYPES[message.dtype].numpy is None:
+        raise WireError(f"{DType.Name(message.dtype)} has no numpy dtype; decode it to a torch tensor")
+    return _array(message)
+
+
+def _array(message: Tensor) -> np.ndarray:
+    """The elements of a validated message whose dtype numpy holds."""
     info = _DTYPES[message.dtype]
     shape = tuple(message.shape)
     data = _elements(message, data_bytes(message.dtype, math.prod(shape)))
     if message.dtype == DType.DTYPE_INT4:
         return _unpack_int4(data, math.prod(shape)).reshape(shape)
-    if not data:
-        return torch.empty(shape, dtype=info.torch_dtype)
-    # bytearray makes the one copy that gives torch a writable buffer it owns.
-    flat = torch.frombuffer(bytearray(data), dtype=info.torch_dtype)
-    return flat.reshape(shape)
+    # bytearray makes the one copy that gives numpy a writable buffer it owns.
+    return np.frombuffer(bytearray(data), dtype=info.numpy).reshape(shape)
 
 
 def decode_float(
@@ -399,6 +463,8 @@ def decode_float(
             f"tensor dtype {DType.Name(message.dtype)} is not a float encoding "
             "(bf16, fp16, fp32, or int8/int4/fp8 with row_scale)"
         )
+    import torch
+
     values = decode(message, max_bytes=max_bytes, expect_shape=expect_shape).float()
     if message.row_scale:
         scale = torch.tensor(list(message.row_scale), dtype=torch.float32)

@@ -6,8 +6,7 @@ from pathlib import Path
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings
-from splitrl.core.video import VideoSettings
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, VideoSettings
 
 
 class EdgeEncoderSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings):

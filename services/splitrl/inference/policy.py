@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from splitrl.core.config import Mode
-from splitrl.core.models import ActionSpec, ModelConfig, cloud_network
+from splitrl.core.models import cloud_network
+from splitrl.core.spec import ActionSpec, ModelConfig
 
 
 @dataclass

@@ -23,9 +23,10 @@ import random
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 SelectorName = Literal["fifo", "uniform", "prioritized"]
 #: Largest p^exponent a prioritized table stores, so sums over any table stay finite.
@@ -214,6 +215,8 @@ def importance_weights(
     SampledItem.table_size of the sampled items (or one size for all);
     beta in [0, 1] (1 fully corrects the sampling bias). Returns float32 weights in (0, 1].
     """
+    import torch  # a learner-side helper: the replay server itself runs without torch
+
     if not 0 <= beta <= 1:
         raise ValueError(f"beta must be in [0, 1], got {beta!r}")
     p = torch.as_tensor(probabilities, dtype=torch.float64)

@@ -25,41 +25,15 @@ import av
 import gymnasium as gym
 import numpy as np
 import torch
-from pydantic import Field, field_validator
 
 from splitrl.core import checkpoint, wire
-from splitrl.core.config import Settings
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.models import ActionSpec, Encoder, cloud_network
+from splitrl.core.models import Encoder, cloud_network
+from splitrl.core.spec import ActionSpec
 from splitrl.core.video import VideoStreamDecoder, VideoStreamEncoder
 from splitrl.run import files as run_dir_files
-from splitrl.run.settings import RunSettings
-
-EVAL_SEED_BASE = 1_000_000_000
-VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
-
-
-class EvalSettings(Settings):
-    """Play the agent a run trained on episodes it never trained on; report mean, IQM and std of returns."""
-
-    episodes: int = Field(100, ge=1, le=100_000, description="Episodes to play.")
-    seed: int = Field(0, ge=0, description=f"Episode k is reset with seed {EVAL_SEED_BASE:,} + seed + k.")
-    deterministic: bool = Field(
-        True, description="Act with the most likely action (the mean, if continuous); --no-deterministic samples."
-    )
-    record: Path | None = Field(
-        None, description="Write an MP4 (H.264; .mp4, .mkv or .mov) of the first --record-episodes here."
-    )
-    record_episodes: int = Field(1, ge=1, description="Episodes filmed into --record.")
-    torch_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads.")
-
-    @field_validator("record")
-    @classmethod
-    def _video_file(cls, path: Path | None) -> Path | None:
-        if path is not None and path.suffix.lower() not in VIDEO_SUFFIXES:
-            raise ValueError(f"give an .mp4, .mkv or .mov file, got {str(path)!r}")
-        return path
+from splitrl.run.settings import EVAL_SEED_BASE, EvalSettings, RunSettings
 
 
 class Agent:

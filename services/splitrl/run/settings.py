@@ -2,17 +2,17 @@
 
 It inherits the groups the services share (env, mode and codecs, seed, vectorised envs, chunks, PPO, video);
 what it declares itself is only what no service has: the step budget, the run directory, and how the local
-launcher behaves. `splitrl.run.plan` turns it into every service's settings.
+launcher behaves. `splitrl.run.plan` turns it into every service's settings. `EvalSettings` describes
+`splitrl eval` (splitrl.run.evaluate). Nothing here imports torch: every command parses these.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode
-from splitrl.core.video import VideoSettings
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode, VideoSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
 from splitrl.learner.settings import PPOSettings
@@ -55,3 +55,29 @@ SHARED_GROUPS: tuple[type[Settings], ...] = (
     PPOSettings,
     VideoSettings,
 )
+
+
+EVAL_SEED_BASE = 1_000_000_000
+VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
+
+
+class EvalSettings(Settings):
+    """Play the agent a run trained on episodes it never trained on; report mean, IQM and std of returns."""
+
+    episodes: int = Field(100, ge=1, le=100_000, description="Episodes to play.")
+    seed: int = Field(0, ge=0, description=f"Episode k is reset with seed {EVAL_SEED_BASE:,} + seed + k.")
+    deterministic: bool = Field(
+        True, description="Act with the most likely action (the mean, if continuous); --no-deterministic samples."
+    )
+    record: Path | None = Field(
+        None, description="Write an MP4 (H.264; .mp4, .mkv or .mov) of the first --record-episodes here."
+    )
+    record_episodes: int = Field(1, ge=1, description="Episodes filmed into --record.")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads.")
+
+    @field_validator("record")
+    @classmethod
+    def _video_file(cls, path: Path | None) -> Path | None:
+        if path is not None and path.suffix.lower() not in VIDEO_SUFFIXES:
+            raise ValueError(f"give an .mp4, .mkv or .mov file, got {str(path)!r}")
+        return path
