@@ -19,6 +19,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -40,15 +41,20 @@ RATE = "[$__rate_interval]"
 GRAPH_HEIGHT, NUMBER_HEIGHT = 8, 6  # grid rows
 
 Panel = timeseries.Panel | stat.Panel
+P = TypeVar("P", timeseries.Panel, stat.Panel)
 
 
 def query(expr: str, legend: str = "") -> prometheus.Dataquery:
     return prometheus.Dataquery().expr(expr).legend_format(legend)
 
 
-def _targets(queries: tuple[prometheus.Dataquery, ...]) -> list[prometheus.Dataquery]:
-    """Queries named A, B, C... in order (check-dashboards reports problems by that name)."""
-    return [target.ref_id(chr(ord("A") + i)) for i, target in enumerate(queries)]
+def _common(
+    panel: P, title: str, queries: tuple[prometheus.Dataquery, ...], unit: str, description: str, width: int
+) -> P:
+    """What every panel sets: title, description, the provisioned Prometheus, its queries (named A, B, C...,
+    the names check-dashboards reports problems by), unit and width."""
+    targets = [target.ref_id(chr(ord("A") + i)) for i, target in enumerate(queries)]
+    return panel.title(title).description(description).datasource(PROMETHEUS).targets(targets).unit(unit).span(width)
 
 
 def graph(
@@ -63,13 +69,7 @@ def graph(
         .calcs(["lastNotNull", "mean"])
     )
     return (
-        timeseries.Panel()
-        .title(title)
-        .description(description)
-        .datasource(PROMETHEUS)
-        .targets(_targets(queries))
-        .unit(unit)
-        .span(width)
+        _common(timeseries.Panel(), title, queries, unit, description, width)
         .height(GRAPH_HEIGHT)
         .legend(legend)
         .tooltip(common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI))
@@ -81,13 +81,7 @@ def number(
 ) -> stat.Panel:
     """A single figure (the last value) over a sparkline."""
     return (
-        stat.Panel()
-        .title(title)
-        .description(description)
-        .datasource(PROMETHEUS)
-        .targets(_targets(queries))
-        .unit(unit)
-        .span(width)
+        _common(stat.Panel(), title, queries, unit, description, width)
         .height(NUMBER_HEIGHT)
         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
         .color_mode(BigValueColorMode.VALUE)
