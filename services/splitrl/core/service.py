@@ -96,6 +96,25 @@ class BackgroundLoop:
             self.done.set()
 
 
+class LoopService:
+    """A service whose work is one BackgroundLoop running `run()` beside its server (environment, learner):
+    it starts the loop, and is finished, or failed, when the loop is. Subclasses set `self.loop` and stop it."""
+
+    loop: BackgroundLoop
+
+    async def run(self) -> None:
+        raise NotImplementedError
+
+    def finished(self) -> asyncio.Event:
+        return self.loop.done
+
+    def failure(self) -> BaseException | None:
+        return self.loop.failure
+
+    async def start(self) -> None:
+        self.loop.start(self.run)
+
+
 @dataclass
 class ServiceHost:
     """A started service. `grpc_port` / `metrics_port` are the bound ports (useful when 0 was asked for)."""

@@ -27,14 +27,14 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_from_space, make_vector_env
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
-from splitrl.core.service import BackgroundLoop
+from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
-class EnvironmentService:
+class EnvironmentService(LoopService):
     """Steps `num_envs` envs, in `env_groups` groups, until `max_steps` agent steps (or until stopped)."""
 
     service_names: Sequence[str] = ()
@@ -58,15 +58,6 @@ class EnvironmentService:
 
     def register(self, server: grpc.aio.Server) -> None:
         pass  # health only: the environment serves no RPC of its own
-
-    def finished(self) -> asyncio.Event:
-        return self.loop.done
-
-    def failure(self) -> BaseException | None:
-        return self.loop.failure
-
-    async def start(self) -> None:
-        self.loop.start(self.run)
 
     async def stop(self) -> None:
         await self.loop.cancel()

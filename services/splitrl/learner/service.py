@@ -28,7 +28,7 @@ from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.models import cloud_network
 from splitrl.core.redial import Redial, describe, is_refusal
-from splitrl.core.service import BackgroundLoop
+from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
 from splitrl.learner.publisher import WeightsPublisher
@@ -53,7 +53,7 @@ SAMPLE_WAIT_S = 5.0
 EDGE_WAIT_LOG_S = 10.0
 
 
-class LearnerService:
+class LearnerService(LoopService):
     """Trains until stopped (or `max_updates`); checkpoints every `checkpoint_every` updates."""
 
     def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
@@ -91,15 +91,6 @@ class LearnerService:
     def register(self, server: grpc.aio.Server) -> None:
         if self.edges is not None:
             training_pb2_grpc.add_EncoderTrainingServicer_to_server(self.edges, server)
-
-    def finished(self) -> asyncio.Event:
-        return self.loop.done
-
-    def failure(self) -> BaseException | None:
-        return self.loop.failure
-
-    async def start(self) -> None:
-        self.loop.start(self.run)
 
     async def stop(self) -> None:
         await self.loop.cancel()
