@@ -26,6 +26,9 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
         assert stack["hops"][hop]["count"] > 0 and stack["hops"][hop]["p99_s"] >= stack["hops"][hop]["p50_s"]
     assert set(stack["cpu_seconds"]) == {"environment", "edge-encoder", "inference", "replay", "learner"}
     assert all(seconds > 0 for seconds in stack["cpu_seconds"].values())
+    assert set(stack["resident_bytes"]) == set(stack["cpu_seconds"]) and stack["env_steps_total"] >= stack["steps"]
+    # The edge's environment process holds no torch; the edge-encoder runs the encoder network.
+    assert stack["resident_bytes"]["environment"] < stack["resident_bytes"]["edge-encoder"]
     assert {(link["transport"], link["message_bytes"]) for link in figures["links"]} == {
         ("tcp", 512),
         ("grpc", 512),
@@ -34,7 +37,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     }
     assert all(link["messages"] > 0 for link in figures["links"])
     table = (out / "throughput.md").read_text()
-    assert "| stack split-accumulate |" in table and "gRPC / TCP" in table
+    assert "| stack split-accumulate |" in table and "gRPC / TCP" in table and "The edge's own costs" in table
     assert "| stack split-accumulate |" in result.stdout
 
 

@@ -76,11 +76,27 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0), BaselineResult(1000, 1.0, 700.0, 300.0)]
     hop = Hop(count=10, mean_s=0.002, p50_s=0.0015, p99_s=0.009)
     report.stacks = [
-        StackResult("split-accumulate", 800, 1.0, 1.2, {"edge-inference": hop}, 8.0, 1.5, 3.0, 4, {"learner": 0.6}, "r")
+        StackResult(
+            "split-accumulate",
+            800,
+            1.0,
+            1.2,
+            {"edge-inference": hop},
+            8.0,
+            1.5,
+            3.0,
+            4,
+            {"learner": 0.6, "environment": 0.5},
+            "r",
+            resident_bytes={"environment": 98 * 2**20},
+            env_steps_total=1000,
+        )
     ]
     report.links = [LinkResult("tcp", 512, 1000, 1.0), LinkResult("grpc", 512, 100, 1.0)]
     text = render_markdown(report)
     assert "| stack split-accumulate | 800.0 | **0.80** | 250 | 8.0 | 1.50 / 3 | 4 |" in text
     assert "| edge-inference | 2.00 / 1.50 / 9.00 |" in text
     assert "| learner | 0.50 |" in text  # 0.6 CPU s over 1.2 wall s
+    assert "| environment | 98 / 0.50 |" in text  # 98 MB; 0.5 CPU s over 1,000 env steps
+    assert "| edge-encoder | - |" in text
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text

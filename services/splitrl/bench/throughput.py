@@ -41,6 +41,8 @@ HOPS = (
     "inference-replay",
 )
 SERVICES = ("environment", "edge-encoder", "inference", "replay", "learner")
+#: The processes that run on the edge device (the rest run in the cloud).
+EDGE_SERVICES = SERVICES[:2]
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,9 @@ class StackResult:
     learner_updates: int
     cpu_seconds: dict[str, float]
     run_dir: str
+    #: Each service's resident memory (bytes) when the run ended, and the run's env steps (all of them).
+    resident_bytes: dict[str, float] = field(default_factory=dict)
+    env_steps_total: int = 0
 
     @property
     def steps_per_s(self) -> float:
@@ -135,6 +140,8 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         learner_updates=int(summary["learner_updates"]),
         cpu_seconds={name: scrape.total([text], "process_cpu_seconds_total") for name, text in texts.items()},
         run_dir=str(run_dir),
+        resident_bytes={name: scrape.total([text], "process_resident_memory_bytes") for name, text in texts.items()},
+        env_steps_total=int(summary["env_steps"]),
     )
 
 
@@ -221,7 +228,8 @@ def render_markdown(report: ThroughputReport) -> str:
             f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
             f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
         )
-    lines += _baseline_profile(report) + _hop_table(report) + _cpu_table(report) + _link_table(report)
+    lines += _baseline_profile(report) + _hop_table(report) + _cpu_table(report) + _edge_table(report)
+    lines += _link_table(report)
     return "\n".join(lines) + "\n"
 
 
@@ -251,6 +259,29 @@ def _hop_table(report: ThroughputReport) -> list[str]:
             cells.append("-" if h is None else f"{_ms(h.mean_s)} / {_ms(h.p50_s)} / {_ms(h.p99_s)}")
         if any(cell != "-" for cell in cells):
             lines.append(f"| {hop} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _edge_table(report: ThroughputReport) -> list[str]:
+    """What the edge device pays besides WAN bytes: memory and CPU per env step of its two processes."""
+    if not report.stacks:
+        return []
+    lines = [
+        "",
+        "The edge's own costs: resident memory at the end of the run (MB) / CPU ms per env step:",
+        "",
+        "| edge process | " + " | ".join(r.mode for r in report.stacks) + " |",
+        "|---|" + "---:|" * len(report.stacks),
+    ]
+    for service in EDGE_SERVICES:
+        cells = []
+        for r in report.stacks:
+            if service not in r.resident_bytes or not r.env_steps_total:
+                cells.append("-")
+                continue
+            cpu_ms = 1000 * r.cpu_seconds[service] / r.env_steps_total
+            cells.append(f"{r.resident_bytes[service] / 2**20:.0f} / {cpu_ms:.2f}")
+        lines.append(f"| {service} | " + " | ".join(cells) + " |")
     return lines
 
 
