@@ -10,31 +10,39 @@ from matplotlib.figure import Figure
 
 from splitrl.run.summary import curve_bins
 
+#: Evaluation markers, one per seed (matplotlib marker codes).
+SEED_MARKERS = "Dos^v"
+
 
 def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
-    """Lines: training return (bins of finished episodes); diamonds: evaluations (mean +- std) on unseen
-    episodes. One colour per row; each seed is its own line. Rows without WAN bytes (a one-process
-    reference peer) are left out of the bytes panel."""
-    fig = Figure(figsize=(14, 5.5), layout="constrained")
+    """Lines: training return (bins of finished episodes); markers: evaluations (mean +- std) on unseen
+    episodes. One colour per row, one marker shape per seed (each seed is its own line); the legend, below
+    the panels, names each row once. Rows without WAN bytes (a one-process reference peer) are left out of
+    the bytes panel."""
+    fig = Figure(figsize=(14, 6.5), layout="constrained")
     FigureCanvasAgg(fig)
     by_frames, by_bytes = fig.subplots(1, 2, sharey=True)
     colours = {row: f"C{i}" for i, row in enumerate(dict.fromkeys(r["row"] for r in results))}
+    seeds = sorted({r["seed"] for r in results})
+    labelled: set[str] = set()
     for r in results:
         repeat, curve, colour = r["action_repeat"], r["curve"], colours[r["row"]]
         bins = curve_bins(curve)
         wan_at = _wan_bytes_at(curve)
-        label = f"{r['row']} seed {r['seed']}"
+        label = r["row"] if r["row"] not in labelled else None
+        labelled.add(r["row"])
         if bins:
             steps, returns = zip(*bins, strict=True)
             frames = [s * repeat for s in steps]
-            by_frames.plot(frames, returns, color=colour, alpha=0.5, lw=1, label=f"{label} (train)")
+            by_frames.plot(frames, returns, color=colour, alpha=0.5, lw=1, label=label)
             if r["wan_bytes"] is not None:
                 by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
         if r["evals"]:
             evals = r["evals"]
             means, stds = [e["mean"] for e in evals], [e["std"] for e in evals]
-            style = {"yerr": stds, "fmt": "D", "color": colour, "capsize": 3}
-            by_frames.errorbar([e["frames"] for e in evals], means, label=f"{label} (eval)", **style)
+            marker = SEED_MARKERS[seeds.index(r["seed"]) % len(SEED_MARKERS)]
+            style = {"yerr": stds, "fmt": marker, "color": colour, "capsize": 3}
+            by_frames.errorbar([e["frames"] for e in evals], means, **style)
             if r["wan_bytes"] is not None:
                 by_bytes.errorbar([wan_at(e["env_steps"]) for e in evals], means, **style)
     by_frames.set_xlabel("env frames")
@@ -46,7 +54,14 @@ def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
     for axes in (by_frames, by_bytes):
         axes.grid(alpha=0.3)
     if results:
-        by_frames.legend(fontsize=8, loc="upper left")
+        shapes = ", ".join(f"{SEED_MARKERS[i % len(SEED_MARKERS)]} seed {seed}" for i, seed in enumerate(seeds))
+        fig.legend(
+            loc="outside lower center",
+            ncols=min(4, len(colours)),
+            fontsize=8,
+            title=f"lines: training return; markers: evaluations, mean ± std ({shapes})",
+            title_fontsize=8,
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     return out
