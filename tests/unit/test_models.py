@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -138,35 +135,3 @@ def test_a_layernorm_bottleneck_bounds_activations_whatever_the_weights(width):
 def test_an_unknown_bottleneck_is_refused():
     with pytest.raises(ValueError, match="'tanh'"):
         Encoder(4, 96, 32, bottleneck="tanh")  # type: ignore[arg-type]
-
-
-OPTIMIZER_SCRIPT = """
-import sys, torch
-from splitrl.core.service import defer_dynamo_import
-if sys.argv[1] == "deferred":
-    defer_dynamo_import(torch)
-torch.manual_seed(0)
-model = torch.nn.Linear(3, 2)
-optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
-optimizer.load_state_dict(optimizer.state_dict())
-optimizer.zero_grad()
-before_step = "torch._dynamo" in sys.modules
-for _ in range(3):
-    model(torch.ones(4, 3)).pow(2).sum().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-print(before_step, [round(v, 6) for v in model.weight.flatten().tolist()])
-"""
-
-
-def test_a_deferred_dynamo_import_keeps_optimizers_as_they_were():
-    """core.service.defer_dynamo_import: building and restoring an optimizer no longer imports torch._dynamo
-    (the start-up cost it moves past the port opening), and three Adam steps give the same weights."""
-    runs = {
-        mode: subprocess.run(
-            [sys.executable, "-c", OPTIMIZER_SCRIPT, mode], capture_output=True, text=True, timeout=120, check=True
-        ).stdout.split(" ", 1)
-        for mode in ("deferred", "plain")
-    }
-    assert runs["deferred"][0] == "False" and runs["plain"][0] == "True"
-    assert runs["deferred"][1] == runs["plain"][1]

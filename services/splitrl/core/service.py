@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import grpc
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -210,24 +210,6 @@ def configure_process(settings: ServerSettings) -> None:
     torch.set_num_threads(settings.torch_threads)
     with contextlib.suppress(RuntimeError):  # only settable before any parallel work ran
         torch.set_num_interop_threads(1)
-    defer_dynamo_import(torch)
-
-
-def defer_dynamo_import(torch: Any) -> None:
-    """Keep torch._dynamo out of a service's start-up, so a restarted service serves sooner.
-
-    torch.optim marks Optimizer.add_param_group, state_dict, load_state_dict and zero_grad "not to be
-    compiled" through torch._compile._disable_dynamo, which imports torch._dynamo (1.4 s here, 3.4 s on a
-    busy machine) on the first call only to build that wrapper, so constructing or restoring any optimizer
-    paid for it before the port opened. splitrl never compiles: each method is given its own undecorated
-    function as the wrapper, which is what the decorator would cache. torch._dynamo is then imported by the
-    first optimizer step, after the service serves. A torch without these attributes is left as it is.
-    """
-    for method in vars(torch.optim.Optimizer).values():
-        undecorated = getattr(method, "__wrapped__", None)
-        code = getattr(method, "__code__", None)
-        if undecorated is not None and code is not None and code.co_filename.endswith("_compile.py"):
-            setattr(undecorated, "__dynamo_disable", undecorated)
 
 
 def run_service(build: Callable[[Metrics], Service], settings: ServerSettings) -> int:
