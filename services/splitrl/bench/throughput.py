@@ -242,16 +242,21 @@ def _baseline_profile(report: ThroughputReport) -> list[str]:
     ]
 
 
+def _per_mode_header(report: ThroughputReport, caption: str, first_column: str) -> list[str]:
+    """A caption and the head of a table with one column per stack mode."""
+    return [
+        "",
+        caption,
+        "",
+        f"| {first_column} | " + " | ".join(r.mode for r in report.stacks) + " |",
+        "|---|" + "---:|" * len(report.stacks),
+    ]
+
+
 def _hop_table(report: ThroughputReport) -> list[str]:
     if not report.stacks:
         return []
-    lines = [
-        "",
-        "Hop latency per vector step, ms (mean / p50 / p99):",
-        "",
-        "| hop | " + " | ".join(r.mode for r in report.stacks) + " |",
-        "|---|" + "---:|" * len(report.stacks),
-    ]
+    lines = _per_mode_header(report, "Hop latency per vector step, ms (mean / p50 / p99):", "hop")
     for hop in HOPS:
         cells = []
         for r in report.stacks:
@@ -266,13 +271,11 @@ def _edge_table(report: ThroughputReport) -> list[str]:
     """What the edge device pays besides WAN bytes: memory and CPU per env step of its two processes."""
     if not report.stacks:
         return []
-    lines = [
-        "",
+    lines = _per_mode_header(
+        report,
         "The edge's own costs: resident memory at the end of the run (MB) / CPU ms per env step:",
-        "",
-        "| edge process | " + " | ".join(r.mode for r in report.stacks) + " |",
-        "|---|" + "---:|" * len(report.stacks),
-    ]
+        "edge process",
+    )
     for service in EDGE_SERVICES:
         cells = []
         for r in report.stacks:
@@ -288,13 +291,9 @@ def _edge_table(report: ThroughputReport) -> list[str]:
 def _cpu_table(report: ThroughputReport) -> list[str]:
     if not report.stacks:
         return []
-    lines = [
-        "",
-        "Where time goes: CPU seconds per service / wall seconds of the run (1.00 = one core busy):",
-        "",
-        "| service | " + " | ".join(r.mode for r in report.stacks) + " |",
-        "|---|" + "---:|" * len(report.stacks),
-    ]
+    lines = _per_mode_header(
+        report, "Where time goes: CPU seconds per service / wall seconds of the run (1.00 = one core busy):", "service"
+    )
     for service in SERVICES:
         cells = [
             _number(r.cpu_seconds[service] / r.wall_seconds, 2) if service in r.cpu_seconds else "-"
