@@ -7,9 +7,8 @@ the fast pixel env as `splitrl/Catch-v0`.
 
 from __future__ import annotations
 
-import functools
 import importlib
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 import gymnasium as gym
@@ -54,7 +53,7 @@ def ensure_registered(env_id: str) -> None:
         ) from None
 
 
-@functools.lru_cache(maxsize=16)
+@lru_cache(maxsize=16)
 def _area_weights(length: int, size: int) -> np.ndarray:
     """[size, length] averaging matrix: output i is the mean of inputs floor(i L / S) .. ceil((i + 1) L / S) - 1,
     the bins of torch's adaptive average pooling (interpolate mode="area")."""

@@ -6,6 +6,7 @@ everything around it, the same way for all five services.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import json
@@ -96,14 +97,15 @@ class BackgroundLoop:
             self.done.set()
 
 
-class LoopService:
+class LoopService(abc.ABC):
     """A service whose work is one BackgroundLoop running `run()` beside its server (environment, learner):
     it starts the loop, and is finished, or failed, when the loop is. Subclasses set `self.loop` and stop it."""
 
     loop: BackgroundLoop
 
+    @abc.abstractmethod
     async def run(self) -> None:
-        raise NotImplementedError
+        """The service's whole work; returning ends it (finished), raising fails it."""
 
     def finished(self) -> asyncio.Event:
         return self.loop.done
