@@ -1,8 +1,16 @@
-"""The single-process baseline: the stack's envs and model in one Python loop, no gRPC, no processes.
+"""The single-process references: the stack's envs and model in one Python loop, no gRPC, no processes.
 
 Per vector step: stack the newest frames (FrameStacker, as the edge does), run encoder + head on the
-whole batch and sample actions (inference's Policy, cloud form), step every env. No training: the
-baseline is the rollout path the stack splits across services, at its fastest.
+whole batch and sample actions (inference's Policy, cloud form), step every env. Two references share
+that loop:
+
+- `act-only` (`run_baseline`): no training; the rollout path the stack splits across services, at its
+  fastest.
+- `sync-ppo` (`run_sync_ppo`): CleanRL's shape, rollout then update, in one process: steps are cut into
+  chunks of unroll_length as inference cuts them (TrajectoryCutter), and once chunks_per_update chunks are
+  in, the learner's own Trainer runs one PPO update on them with the network that acts. Same network,
+  same PPO code, same hyperparameters, one update per unroll_length x chunks_per_update agent steps as in
+  the stack: what separates it from the stack is only the stack.
 """
 
 from __future__ import annotations
@@ -10,34 +18,54 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
 
-from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.core.envs import action_spec_from_space, make_vector_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.inference.policy import Policy
+from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.inference.policy import Decisions, Policy
+from splitrl.inference.trajectories import TrajectoryCutter
+from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.trainer import Batch, Trainer
+from splitrl.run.plan import shared_values
+from splitrl.run.settings import RunSettings
+
+#: A progress point: cumulative (env steps, seconds, ...counters).
+P = TypeVar("P", bound=Sequence[float])
 
 
 @dataclass(frozen=True)
 class BaselineResult:
-    """`steps` env steps in `seconds` after the warm-up; the time split is per env step (microseconds)."""
+    """`steps` agent steps (and `updates` PPO updates) in `seconds` after the warm-up; the time split is per
+    agent step, in microseconds (None: not measured); `wall_seconds` is the whole run, set-up included, to
+    `total_steps`."""
 
     steps: int
     seconds: float
-    env_us_per_step: float
-    model_us_per_step: float
+    env_us_per_step: float | None
+    model_us_per_step: float | None
+    update_us_per_step: float | None = 0.0
+    updates: int = 0
+    wall_seconds: float = 0.0
+    total_steps: int = 0
 
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.seconds
 
+    @property
+    def updates_per_s(self) -> float:
+        return self.updates / self.seconds
 
-def steady_window(points: Sequence[tuple[float, float]], warmup_fraction: float) -> tuple[int, float]:
-    """(env steps, seconds) between the first point past `warmup_fraction` of the steps and the last point.
 
-    `points` are cumulative (env_steps, seconds) in time order. ValueError if the window is empty.
+def steady_span(points: Sequence[P], warmup_fraction: float) -> tuple[P, P]:
+    """(first, last): the first point past `warmup_fraction` of the steps, and the last point.
+
+    `points` are cumulative (env_steps, seconds, ...) in time order; further counters (e.g. updates) ride
+    along. ValueError if the span holds no steps or no time.
     """
     if len(points) < 2:
         raise ValueError(f"need at least 2 progress points to measure a rate, got {len(points)}")
@@ -46,39 +74,112 @@ def steady_window(points: Sequence[tuple[float, float]], warmup_fraction: float)
     steps, seconds = points[-1][0] - first[0], points[-1][1] - first[1]
     if steps <= 0 or seconds <= 0:
         raise ValueError(f"no progress after the warm-up: {steps} steps in {seconds:.3f} s")
-    return int(steps), seconds
+    return first, points[-1]
 
 
-def run_baseline(settings: ThroughputBenchSettings) -> BaselineResult:
-    """Step `settings.num_envs` envs for `settings.steps` env steps with batched actions from one policy."""
-    torch.set_num_threads(settings.torch_threads)
-    n = settings.num_envs
-    envs = make_vector_env(settings.env, settings.env_kwargs, n, settings.frame_size, action_repeat=1)
+def steady_window(points: Sequence[Sequence[float]], warmup_fraction: float) -> tuple[int, float]:
+    """(env steps, seconds) of `steady_span`."""
+    first, last = steady_span(points, warmup_fraction)
+    return int(last[0] - first[0]), last[1] - first[1]
+
+
+def run_baseline(run: RunSettings, warmup_fraction: float) -> BaselineResult:
+    """Step `run.num_envs` envs for `run.steps` agent steps with batched actions from one policy; no training."""
+    return _loop(run, warmup_fraction, train=False)
+
+
+def run_sync_ppo(run: RunSettings, warmup_fraction: float) -> BaselineResult:
+    """`run_baseline` plus one PPO update (cloud mode's Trainer) per `run.chunks_per_update` chunks, in turn."""
+    return _loop(run, warmup_fraction, train=True)
+
+
+def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResult:
+    torch.set_num_threads(run.torch_threads)
+    started = time.perf_counter()
+    n = run.num_envs
+    envs = make_vector_env(run.env, run.env_kwargs, n, run.frame_size, run.action_repeat)
     try:
         spec = action_spec_from_space(envs.single_action_space)
-        model = settings.network_config()
-        policy = Policy("cloud", model=model, action_spec=spec, seed=0)
-        stacker = FrameStacker(n, settings.frame_stack, settings.frame_size, settings.frame_size)
-        started = time.perf_counter()
-        frames, _ = envs.reset(seed=0)
+        policy = Policy("cloud", model=run.network_config(), action_spec=spec, seed=run.seed)
+        learner = _SyncLearner(policy, run) if train else None
+        stacker = FrameStacker(n, run.frame_stack, run.frame_size, run.frame_size)
+        frames, _ = envs.reset(seed=run.seed)
         episode_start = torch.ones(n, dtype=torch.bool)
-        points: list[tuple[float, float]] = [(0, 0.0)]
+        rewards, terminated, truncated = (
+            torch.zeros(n),
+            torch.zeros(n, dtype=torch.bool),
+            torch.zeros(n, dtype=torch.bool),
+        )
+        points: list[tuple[float, float, float]] = [(0, 0.0, 0)]
         env_s = model_s = 0.0
-        while points[-1][0] < settings.steps:
+        while points[-1][0] < run.steps:
             before_model = time.perf_counter()
-            decisions = policy.act(stacker.push(torch.from_numpy(frames), episode_start))
+            observations = stacker.push(torch.from_numpy(frames), episode_start)
+            decisions = policy.act(observations)
+            if learner is not None:
+                learner.add(observations, decisions, rewards, terminated, truncated)
             actions = decisions.actions.numpy()
             if spec.kind == "continuous":
                 actions = np.clip(actions, spec.low, spec.high)
             before_env = time.perf_counter()
-            frames, _, terminated, truncated, _ = envs.step(actions)
+            frames, reward, ended, cut, _ = envs.step(actions)
             after = time.perf_counter()
-            episode_start = torch.from_numpy(terminated | truncated)
+            rewards = torch.as_tensor(reward, dtype=torch.float32)
+            terminated, truncated = torch.from_numpy(ended), torch.from_numpy(cut)
+            episode_start = terminated | truncated
             model_s += before_env - before_model
             env_s += after - before_env
-            points.append((points[-1][0] + n, after - started))
+            updates = learner.updates if learner is not None else 0
+            points.append((points[-1][0] + n, after - started, updates))
     finally:
         envs.close()
-    steps, seconds = steady_window(points, settings.warmup_fraction)
-    total = points[-1][0]
-    return BaselineResult(steps, seconds, env_s / total * 1e6, model_s / total * 1e6)
+    first, last = steady_span(points, warmup_fraction)
+    total = int(points[-1][0])
+    update_s = learner.seconds if learner is not None else 0.0
+    return BaselineResult(
+        steps=int(last[0] - first[0]),
+        seconds=last[1] - first[1],
+        env_us_per_step=env_s / total * 1e6,
+        model_us_per_step=(model_s - update_s) / total * 1e6,
+        update_us_per_step=update_s / total * 1e6,
+        updates=int(last[2] - first[2]),
+        wall_seconds=time.perf_counter() - started,
+        total_steps=total,
+    )
+
+
+class _SyncLearner:
+    """Cuts the acted steps into chunks and trains on every `chunks_per_update` of them, before acting on."""
+
+    def __init__(self, policy: Policy, run: RunSettings) -> None:
+        settings = LearnerSettings(**(shared_values(run, LearnerSettings) | {"mode": "cloud"}))
+        self.policy = policy
+        self.trainer = Trainer(policy.network, settings)  # the acting network itself: no weights to ship
+        self.cutter = TrajectoryCutter(run.unroll_length)
+        self.chunks_per_update = run.chunks_per_update
+        self.chunks: list[TrajectoryTensors] = []
+        self.step_ids = torch.arange(run.num_envs, dtype=torch.int64)
+        self.updates = 0
+        self.seconds = 0.0  # spent in updates
+
+    def add(
+        self,
+        observations: torch.Tensor,
+        decisions: Decisions,
+        previous_rewards: torch.Tensor,
+        previous_terminated: torch.Tensor,
+        previous_truncated: torch.Tensor,
+    ) -> None:
+        """Record a step acted on (the `previous_*` complete the step before it); update once enough chunks."""
+        self.chunks += self.cutter.add(
+            observations, decisions, self.step_ids, 0, previous_rewards, previous_terminated, previous_truncated
+        )
+        self.step_ids = self.step_ids + len(self.step_ids)
+        if len(self.chunks) < self.chunks_per_update:
+            return
+        started = time.perf_counter()
+        batch, self.chunks = self.chunks[: self.chunks_per_update], self.chunks[self.chunks_per_update :]
+        self.trainer.update(Batch.stack(batch))
+        self.updates += 1
+        self.policy.version = self.updates
+        self.seconds += time.perf_counter() - started

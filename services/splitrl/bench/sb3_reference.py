@@ -2,8 +2,9 @@
 
 `splitrl bench learning --sb3-reference` trains it as one more row (`sb3-ppo`),
 in the same run-directory layout (settings.json, curve.jsonl, evals.jsonl), so
-its curve, evaluations and table row come out as splitrl's do. Stable-Baselines3
-is an optional extra (`pip install "splitrl[sb3]"`), imported only here.
+its curve, evaluations and table row come out as splitrl's do; `splitrl bench
+throughput --sb3-reference` times it (`measure_sb3`). Stable-Baselines3 is an
+optional extra (`pip install "splitrl[sb3]"`), imported only here.
 
 What is the same as splitrl's cloud mode: the env (splitrl.core.envs.make_env:
 gray, resized, the fast action repeat), the frame stack, the network (Nature
@@ -29,6 +30,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from splitrl.bench.baseline import BaselineResult, steady_span
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.core.envs import make_env
 from splitrl.core.spec import ActionSpec
@@ -40,7 +42,8 @@ ROW = "sb3-ppo"
 MODEL_FILE = "sb3_ppo.zip"
 
 
-def _require_sb3() -> Any:
+def require_sb3() -> Any:
+    """The stable_baselines3 module; ValueError saying how to install it if it is missing."""
     try:
         import stable_baselines3
     except ImportError:
@@ -70,14 +73,21 @@ def _vector_env(run: RunSettings, seed: int) -> Any:
     return VecFrameStack(vector, n_stack=run.frame_stack, channels_order="last")
 
 
-def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
-    from stable_baselines3 import PPO
-
+def rollout_steps(run: RunSettings) -> int:
+    """Agent steps per SB3 rollout (one update each, as splitrl's chunks_per_update chunks of unroll_length);
+    ValueError unless every env gets the same share."""
     rollout = run.unroll_length * run.chunks_per_update
     if rollout % run.num_envs:
         raise ValueError(
             f"unroll_length x chunks_per_update ({rollout}) must be a multiple of num_envs ({run.num_envs})"
         )
+    return rollout
+
+
+def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
+    from stable_baselines3 import PPO
+
+    rollout = rollout_steps(run)
     return PPO(
         "CnnPolicy",
         venv,
@@ -95,6 +105,10 @@ def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
         device="cpu",
         verbose=0,
     )
+
+
+#: A curve point before any step: what a fresh run's callback starts counting from.
+ZERO_POINT = {"env_steps": 0.0, "episodes": 0.0, "return_sum": 0.0, "updates": 0.0, "seconds": 0.0}
 
 
 def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
@@ -154,7 +168,7 @@ def _same(actor: _SB3Actor, _: ActionSpec) -> _SB3Actor:
 
 def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     """Bring the SB3 row to `budget.total_steps` agent steps in segments, each saved and evaluated (resumable)."""
-    sb3 = _require_sb3()
+    sb3 = require_sb3()
     torch.set_num_threads(run.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir_files.save_settings(run_dir, run.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
@@ -180,3 +194,30 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
         venv.close()
 
     run_segments(run_dir, budget, evaluate, train_to)
+
+
+def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
+    """SB3 PPO trained for `run.steps` agent steps from scratch, timed as the bench times splitrl: agent steps
+    and updates per second after the warm-up, and the wall time to `run.steps` with set-up (envs, model)."""
+    require_sb3()
+    torch.set_num_threads(run.torch_threads)
+    started = time.perf_counter()
+    venv = _vector_env(run, run.seed)
+    try:
+        model = _new_model(run, venv, run.seed)
+        curve_logger = _curve_callback(dict(ZERO_POINT), every_steps=run.num_envs)
+        model.learn(run.steps, callback=curve_logger)
+    finally:
+        venv.close()
+    points = [(p["env_steps"], p["seconds"], p["updates"]) for p in curve_logger.points]
+    first, last = steady_span([(0.0, 0.0, 0.0), *points], warmup_fraction)
+    return BaselineResult(
+        steps=int(last[0] - first[0]),
+        seconds=last[1] - first[1],
+        env_us_per_step=None,
+        model_us_per_step=None,
+        update_us_per_step=None,
+        updates=int(last[2] - first[2]),
+        wall_seconds=time.perf_counter() - started,
+        total_steps=int(last[0]),
+    )

@@ -7,8 +7,11 @@ from typing import Annotated, Any, Literal, TypeVar, get_args
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
-from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, Settings
+from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, SeedSettings, Settings
 from splitrl.core.spec import Bottleneck
+from splitrl.environment.settings import VecEnvSettings
+from splitrl.inference.settings import ChunkSettings
+from splitrl.learner.settings import PPOSettings
 
 T = TypeVar("T")
 #: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.
@@ -85,23 +88,31 @@ class NetworkBenchSettings(EnvSettings, Settings):
         return value
 
 
-class ThroughputBenchSettings(EnvSettings, Settings):
-    """Env steps/s of a single-process loop vs the five-service stack per mode, side by side in one run;
-    hop latencies, batch sizes, policy lag, CPU per service; and a link microbenchmark vs raw TCP."""
+class ThroughputBenchSettings(EnvSettings, SeedSettings, VecEnvSettings, ChunkSettings, PPOSettings, Settings):
+    """Env steps/s of the five-service stack per mode, side by side in one run with single-process references:
+    a loop that only acts, the same PPO trained in turn in one process (sync-ppo) and, optionally,
+    Stable-Baselines3 PPO; hop latencies, batch sizes, policy lag, CPU per service; a link microbenchmark vs
+    raw TCP. Every run shares the env, action repeat and PPO flags below (the names `splitrl up` takes)."""
 
     env: str = Field("CarRacing-v3", description="Gymnasium env id (splitrl/Catch-v0 shows per-step overhead).")
-    num_envs: int = Field(8, ge=1, le=1024, description="Envs stepped together, in the baseline and the stack.")
+    num_envs: int = Field(8, ge=1, le=1024, description="Envs stepped together, in the references and the stack.")
     env_groups: int = Field(
         2, ge=1, le=64, description="Stack: env groups in the environment process (2: double-buffered sampling)."
     )
-    steps: int = Field(2400, ge=1, description="Env steps per measurement, over all envs.")
+    steps: int = Field(2400, ge=1, description="Agent steps per measurement, over all envs.")
     modes: CommaList[Mode] = Field(["cloud", "split", "split-accumulate"], description="Comma-separated stack modes.")
     codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec.")
     activation_codec: FloatCodec = Field("bf16", description="Split modes' activation and gradient codec.")
     out: Path = Field(Path("runs/bench-throughput"), description="Output directory: runs/, throughput.md, .json.")
-    torch_threads: int = Field(1, ge=1, description="torch threads in the baseline and in each service.")
+    torch_threads: int = Field(1, ge=1, description="torch threads in the references and in each service.")
     warmup_fraction: float = Field(
         0.15, ge=0, lt=1, description="Share of each measurement's env steps left out of its rate (start-up)."
+    )
+    sync_ppo: bool = Field(
+        True, description="Also train the same PPO in one process, rollout then update (--no-sync-ppo: skip it)."
+    )
+    sb3_reference: bool = Field(
+        False, description="Also train Stable-Baselines3 PPO on the same env and sizes (needs the sb3 extra)."
     )
     link_sizes: CommaList[int] = Field(
         [512, 8192, 73728], description="Link microbenchmark: comma-separated tensor message sizes (bytes)."

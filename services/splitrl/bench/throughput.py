@@ -3,10 +3,17 @@
 One run, on one machine, in this order (the baseline twice, so drift over the run shows):
 
 1. baseline: the same envs and the same model (encoder + head) stepped in one Python loop with batched
-   inference, no gRPC (`baseline.py`);
-2. the five-service stack on loopback (`splitrl up`), once per mode, learner training as it does;
-3. the baseline again;
-4. the link microbenchmark (`link.py`).
+   inference, no gRPC, no training (`baseline.py`);
+2. the training references, each training from scratch with the stack's hyperparameters: `sync-ppo`, the
+   same PPO in one process, rollout then update (`baseline.py`), and, with --sb3-reference,
+   Stable-Baselines3 PPO (`sb3_reference.py`);
+3. the five-service stack on loopback (`splitrl up`), once per mode, learner training as it does;
+4. the baseline again;
+5. the link microbenchmark (`link.py`).
+
+Every run is described by one RunSettings built from the bench's flags (`run_settings`), so all of them
+play the same env with the same action repeat and do one update per unroll_length x chunks_per_update
+agent steps.
 
 A rate leaves out each measurement's first `warmup_fraction` of env steps (start-up, first resets). The
 stack's hop latencies, batch sizes, policy lag and per-service CPU come from the services' own final
@@ -18,17 +25,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitrl.bench.baseline import BaselineResult, run_baseline, steady_window
+from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span
 from splitrl.bench.link import LinkResult, measure
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.core import scrape
 from splitrl.core.args import settings_argv
+from splitrl.core.config import Mode
 from splitrl.core.metrics import HOP_LATENCY, INFERENCE_BATCH_SIZE, POLICY_LAG
-from splitrl.run.settings import RunSettings
+from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -73,6 +82,8 @@ class StackResult:
     #: Each service's resident memory (bytes) when the run ended, and the run's env steps (all of them).
     resident_bytes: dict[str, float] = field(default_factory=dict)
     env_steps_total: int = 0
+    #: Learner updates inside the rate's window.
+    updates: int = 0
 
     @property
     def steps_per_s(self) -> float:
@@ -85,6 +96,8 @@ class ThroughputReport:
     baselines: list[BaselineResult] = field(default_factory=list)
     stacks: list[StackResult] = field(default_factory=list)
     links: list[LinkResult] = field(default_factory=list)
+    #: The single-process training references by name (sync-ppo, sb3-ppo).
+    trained: dict[str, BaselineResult] = field(default_factory=dict)
 
     @property
     def baseline_steps_per_s(self) -> float:
@@ -92,22 +105,28 @@ class ThroughputReport:
         return sum(b.steps_per_s for b in self.baselines) / len(self.baselines)
 
 
-def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> StackResult:
+def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | None = None) -> RunSettings:
+    """The one description of every run the bench times: its shared groups (env, action repeat, chunks, PPO,
+    seed) from the bench's flags; `mode` and the codecs for the stack."""
+    shared = {name: getattr(settings, name) for group in SHARED_GROUPS if isinstance(settings, group)
+              for name in group.model_fields}  # fmt: skip
+    return RunSettings(
+        **shared,
+        mode=mode,
+        codec=settings.codec,
+        activation_codec=settings.activation_codec,
+        gradient_codec=settings.activation_codec,
+        steps=settings.steps,
+        torch_threads=settings.torch_threads,
+        progress_interval_s=0.5,
+        run_dir=run_dir,
+    )
+
+
+def run_stack(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path) -> StackResult:
     """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory."""
-    flags: dict[str, Any] = {
-        **settings.env_flags(),
-        "mode": mode,
-        "codec": settings.codec,
-        "activation_codec": settings.activation_codec,
-        "gradient_codec": settings.activation_codec,
-        "steps": settings.steps,
-        "num_envs": settings.num_envs,
-        "env_groups": settings.env_groups,
-        "torch_threads": settings.torch_threads,
-        "progress_interval_s": 0.5,
-        "run_dir": run_dir,
-    }
-    command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(RunSettings(**flags))]
+    run = run_settings(settings, mode, run_dir)
+    command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(run)]
     finished = subprocess.run(command, stdout=subprocess.DEVNULL)
     if finished.returncode != 0:
         raise RuntimeError(f"splitrl up --mode {mode} failed (exit {finished.returncode}); see {run_dir / 'logs'}")
@@ -117,8 +136,8 @@ def run_stack(settings: ThroughputBenchSettings, mode: str, run_dir: Path) -> St
 def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     """A StackResult from a finished run directory: summary.json's live curve and the final /metrics."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    live = [(p["env_steps"], p["seconds"]) for p in summary["curve"][:-1] if "seconds" in p]
-    steps, seconds = steady_window(live, warmup_fraction)
+    live = [(p["env_steps"], p["seconds"], p["updates"]) for p in summary["curve"][:-1] if "seconds" in p]
+    first, last = steady_span(live, warmup_fraction)
     texts = {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
     every = list(texts.values())
     hops = {}
@@ -130,8 +149,8 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     lag_buckets, lag_sum, lag_count = scrape.histogram(every, POLICY_LAG)
     return StackResult(
         mode=mode,
-        steps=steps,
-        seconds=seconds,
+        steps=int(last[0] - first[0]),
+        seconds=last[1] - first[1],
         wall_seconds=float(summary["wall_seconds"]),
         hops=hops,
         mean_batch_size=batch_sum / batch_count if batch_count else None,
@@ -142,11 +161,22 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         run_dir=str(run_dir),
         resident_bytes={name: scrape.total([text], "process_resident_memory_bytes") for name, text in texts.items()},
         env_steps_total=int(summary["env_steps"]),
+        updates=int(last[2] - first[2]),
     )
 
 
 def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     """Run every measurement, print the tables, write OUT/throughput.{md,json}; returns an exit code."""
+    try:
+        run = run_settings(settings, "cloud")  # a value splitrl up refuses fails here, before anything runs
+        if settings.sb3_reference:
+            from splitrl.bench.sb3_reference import require_sb3, rollout_steps
+
+            require_sb3()
+            rollout_steps(run)
+    except ValueError as error:
+        print(f"splitrl bench throughput: {error}", file=sys.stderr)
+        return 2
     settings.out.mkdir(parents=True, exist_ok=True)
     report = ThroughputReport(settings=json.loads(settings.model_dump_json()))
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
@@ -168,11 +198,22 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
 
 def _measure_all(settings: ThroughputBenchSettings, report: ThroughputReport) -> None:
     def baseline(label: str) -> None:
-        result = run_baseline(settings)
+        result = run_baseline(run_settings(settings, "cloud"), settings.warmup_fraction)
         report.baselines.append(result)
         print(f"baseline ({label}): {result.steps_per_s:,.1f} env steps/s")
 
+    def trained(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
+        result = measure(run_settings(settings, "cloud"), settings.warmup_fraction)
+        report.trained[name] = result
+        print(f"{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
+
     baseline("before")
+    if settings.sync_ppo:
+        trained("sync-ppo", run_sync_ppo)
+    if settings.sb3_reference:
+        from splitrl.bench.sb3_reference import measure_sb3
+
+        trained("sb3-ppo", measure_sb3)
     for mode in settings.modes:
         stack = run_stack(settings, mode, settings.out / "runs" / mode)
         report.stacks.append(stack)
@@ -196,6 +237,7 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
             for s in report.stacks
         ],
         "links": [link.as_dict() for link in report.links],
+        "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
     }
 
 
@@ -228,9 +270,58 @@ def render_markdown(report: ThroughputReport) -> str:
             f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
             f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
         )
-    lines += _baseline_profile(report) + _hop_table(report) + _cpu_table(report) + _edge_table(report)
+    lines += (
+        _training_table(report)
+        + _baseline_profile(report)
+        + _hop_table(report)
+        + _cpu_table(report)
+        + _edge_table(report)
+    )
     lines += _link_table(report)
     return "\n".join(lines) + "\n"
+
+
+def _training_table(report: ThroughputReport) -> list[str]:
+    """Every run that trains, as a user compares whole training runs: env frames/s with training, against each
+    single-process reference, updates/s, and the wall time of the whole run, set-up included."""
+    s = report.settings
+    if not report.trained:
+        return []
+    repeat = s.get("action_repeat", 1)
+    #: (label, agent steps, seconds, updates in the window, wall seconds of the whole run, its agent steps)
+    rows = [(name, r.steps, r.seconds, r.updates, r.wall_seconds, r.total_steps) for name, r in report.trained.items()]
+    rows += [(f"stack {r.mode}", r.steps, r.seconds, r.updates, r.wall_seconds, r.env_steps_total)
+             for r in report.stacks]  # fmt: skip
+    references = list(report.trained)
+    lines = [
+        "",
+        f"Training end to end: env frames/s while training (frames = agent steps x action repeat {repeat}), "
+        f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
+        f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
+        f"{s['minibatches']} minibatches:",
+        "",
+        "| run | env frames/s | "
+        + " | ".join(f"x {name}" for name in references)
+        + " | updates/s | agent steps per update | wall s, set-up included |",
+        "|---|---:|" + "---:|" * len(references) + "---:|---:|---:|",
+    ]
+    for label, steps, seconds, updates, wall, total in rows:
+        rate = steps / seconds
+        ratios = [f"{rate / report.trained[name].steps_per_s:.2f}" for name in references]
+        per_update = _number(steps / updates, 0) if updates else "-"
+        lines.append(
+            f"| {label} | {rate * repeat:,.1f} | "
+            + " | ".join(ratios)
+            + f" | {updates / seconds:.3f} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
+        )
+    sync = report.trained.get("sync-ppo")
+    if sync is not None and sync.update_us_per_step is not None:
+        lines += [
+            "",
+            f"sync-ppo time per agent step: env {_number(sync.env_us_per_step, 0)} us, act "
+            f"{_number(sync.model_us_per_step, 0)} us, update {_number(sync.update_us_per_step, 0)} us.",
+        ]
+    return lines
 
 
 def _baseline_profile(report: ThroughputReport) -> list[str]:
