@@ -13,6 +13,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--env", "splitrl/Catch-v0"]
     command += ["--frame-size", "36", "--width", "256", "--num-envs", "4", "--steps", "2000"]
     command += ["--modes", "split-accumulate", "--link-sizes", "512,8192", "--link-seconds", "0.3", "--out", str(out)]
+    command += ["--unroll-length", "16", "--chunks-per-update", "8", "--sb3-reference"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -36,12 +37,25 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
         ("grpc", 8192),
     }
     assert all(link["messages"] > 0 for link in figures["links"])
+    # The training references trained from scratch, one update per 16 x 8 agent steps, as the stack did.
+    assert set(figures["trained"]) == {"sync-ppo", "sb3-ppo"}
+    for name, reference in figures["trained"].items():
+        assert reference["steps_per_s"] > 0 and reference["total_steps"] >= 2000, name
+        assert 2000 // 128 - 3 <= reference["updates"] <= 2000 // 128, name
+    assert stack["updates"] >= 1
+    assert figures["settings"]["unroll_length"] == 16 and figures["settings"]["chunks_per_update"] == 8
     table = (out / "throughput.md").read_text()
     assert "| stack split-accumulate |" in table and "gRPC / TCP" in table and "The edge's own costs" in table
+    assert "| sync-ppo |" in table and "| sb3-ppo |" in table and "x sb3-ppo" in table
     assert "| stack split-accumulate |" in result.stdout
 
 
-def test_bench_throughput_refuses_bad_settings() -> None:
+def test_bench_throughput_refuses_bad_settings(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--link-sizes", "8"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "link sizes must be in [64, 16 MiB]" in result.stderr
+    # SB3 could not take one update per 32 x 16 agent steps over 3 envs: refused before anything runs.
+    command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--num-envs", "3", "--sb3-reference"]
+    result = subprocess.run([*command, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "must be a multiple of num_envs (3)" in result.stderr
+    assert not (tmp_path / "out").exists()

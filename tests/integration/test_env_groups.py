@@ -33,8 +33,10 @@ def test_more_groups_than_envs_is_refused() -> None:
         EnvironmentSettings(num_envs=2, env_groups=3)
 
 
-async def test_two_groups_stream_separately_and_count_every_step() -> None:
-    stack = await Stack.start("split", num_envs=4, steps=400, unroll_length=8, width=256, environment={"env_groups": 2})
+@pytest.mark.parametrize("env_workers", [False, True], ids=["in-process", "env-workers"])
+async def test_two_groups_stream_separately_and_count_every_step(env_workers: bool) -> None:
+    environment = {"env_groups": 2, "env_workers": env_workers}
+    stack = await Stack.start("split", num_envs=4, steps=400, unroll_length=8, width=256, environment=environment)
     try:
         await stack.wait_done()
         texts = stack.scrape()
@@ -46,3 +48,7 @@ async def test_two_groups_stream_separately_and_count_every_step() -> None:
     assert scrape.total([texts["inference"]], "splitrl_inference_batch_size_count") > 0
     messages = scrape.link_totals(scrape.link_counts([texts["environment"]]), unit="messages")
     assert messages[("env-encoder", "rollout")] == steps / 2  # one EnvStep per group step of 2 envs
+    # Workers' CPU and memory are exported beside the service's own process_* series.
+    worker_cpu = scrape.total([texts["environment"]], "splitrl_worker_cpu_seconds")
+    worker_bytes = scrape.total([texts["environment"]], "splitrl_worker_resident_memory_bytes")
+    assert (worker_cpu > 0 and worker_bytes > 10 * 2**20) if env_workers else (worker_cpu == worker_bytes == 0)

@@ -105,6 +105,7 @@ async def test_learner_checkpoints_and_resumes(tmp_path):
                 inference_address=address(stack.hosts["inference"]),
             ),
         )
+        await resumed.service.ready()
         assert resumed.service.version == 2
         for name, value in resumed.service.trainer.network.state_dict().items():
             assert torch.equal(value, learner.trainer.network.state_dict()[name]), name

@@ -71,6 +71,7 @@ async def test_restarted_learner_and_edge_resume_and_inference_picks_up_the_weig
             ),
         )
         resumed = learner.service
+        await resumed.ready()  # the trainer is built, and the checkpoint restored, once the learner serves
         assert (resumed.version, resumed.samples_consumed) == (2, first.samples_consumed)
         assert torch.equal(resumed.trainer.generator.get_state(), first.trainer.generator.get_state())
         for _ in range(200):  # bounded: at most ~20 s

@@ -7,9 +7,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from splitrl.bench.baseline import BaselineResult, steady_window
+from splitrl.bench.baseline import BaselineResult, run_sync_ppo, steady_span, steady_window
 from splitrl.bench.link import LinkResult, tensor_message
-from splitrl.bench.throughput import Hop, StackResult, ThroughputReport, render_markdown
+from splitrl.bench.settings import ThroughputBenchSettings
+from splitrl.bench.throughput import Hop, StackResult, ThroughputReport, render_markdown, run_settings
 from splitrl.core import scrape, wire
 
 
@@ -62,6 +63,59 @@ def test_steady_window_leaves_out_the_warm_up() -> None:
         steady_window([(5, 1.0)], 0.1)
     with pytest.raises(ValueError, match="no progress"):
         steady_window([(0, 0.0), (10, 1.0)], 0.99)
+
+
+def test_steady_span_carries_further_counters_along() -> None:
+    points = [(0, 0.0, 0), (100, 10.0, 0), (600, 15.0, 1), (1100, 20.0, 3)]
+    first, last = steady_span(points, warmup_fraction=0.05)
+    assert first == (100, 10.0, 0) and last == (1100, 20.0, 3)
+
+
+def test_every_run_the_bench_times_is_described_by_its_flags() -> None:
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", action_repeat=3, chunks_per_update=5, unroll_length=7, epochs=2, learning_rate=1e-3,
+        num_envs=5, seed=4, codec="frame+zstd", activation_codec="int8", steps=999, torch_threads=2,
+    )  # fmt: skip
+    run = run_settings(bench, "split")
+    assert (run.env, run.action_repeat, run.chunks_per_update, run.unroll_length) == ("splitrl/Catch-v0", 3, 5, 7)
+    assert (run.epochs, run.learning_rate, run.num_envs, run.seed, run.steps) == (2, 1e-3, 5, 4, 999)
+    assert (run.mode, run.codec, run.activation_codec, run.gradient_codec) == ("split", "frame+zstd", "int8", "int8")
+    assert run.torch_threads == 2
+
+
+def test_sync_ppo_trains_once_per_chunks_per_update_chunks() -> None:
+    # 2 envs, chunks of 4: a chunk per env is cut at vector steps 5, 9, 13, ... (a cut waits for its bootstrap
+    # step), so 4 chunks are in after vector steps 9, 17, 25: 3 updates in 32 vector steps (64 agent steps).
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", frame_size=36, width=32, num_envs=2, unroll_length=4, chunks_per_update=4,
+        epochs=2, minibatches=2, steps=64,
+    )  # fmt: skip
+    result = run_sync_ppo(run_settings(bench, "cloud"), warmup_fraction=0.0)
+    assert result.total_steps == result.steps == 64 and result.updates == 3
+    assert result.update_us_per_step is not None and result.update_us_per_step > 0
+    assert result.env_us_per_step is not None and result.model_us_per_step is not None
+    assert result.wall_seconds >= result.seconds > 0
+
+
+def test_the_training_table_compares_every_trainer_with_each_reference() -> None:
+    report = ThroughputReport(
+        settings={"env": "E", "num_envs": 8, "steps": 4096, "torch_threads": 1, "action_repeat": 4,
+                  "unroll_length": 32, "chunks_per_update": 16, "epochs": 4, "minibatches": 4},
+    )  # fmt: skip
+    report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
+    report.trained = {
+        "sync-ppo": BaselineResult(1000, 10.0, 50.0, 20.0, 30.0, updates=2, wall_seconds=12.0, total_steps=1024),
+        "sb3-ppo": BaselineResult(1000, 20.0, None, None, None, updates=2, wall_seconds=25.0, total_steps=1024),
+    }
+    report.stacks = [
+        StackResult("cloud", 2000, 10.0, 15.0, {}, 8.0, 1.0, 2.0, 5, {}, "r", env_steps_total=2048, updates=4)
+    ]
+    text = render_markdown(report)
+    assert "one PPO update per 512 agent steps (16 chunks of 32), 4 epochs of 4 minibatches" in text
+    assert "| sync-ppo | 400.0 | 1.00 | 2.00 | 0.200 | 500 | 12.0 to 4,096 frames |" in text
+    assert "| sb3-ppo | 200.0 | 0.50 | 1.00 | 0.100 | 500 | 25.0 to 4,096 frames |" in text
+    assert "| stack cloud | 800.0 | 2.00 | 4.00 | 0.400 | 500 | 15.0 to 8,192 frames |" in text
+    assert "sync-ppo time per agent step: env 50 us, act 20 us, update 30 us." in text
 
 
 @pytest.mark.parametrize("size", [64, 512, 8192, 73728, 300_001])

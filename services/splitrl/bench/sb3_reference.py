@@ -12,8 +12,9 @@ CNN, a 512-unit layer, linear actor and critic heads, orthogonal init), and the
 PPO recipe: rollout = unroll_length x chunks_per_update agent steps, the same
 minibatches, epochs, learning rate, gamma, GAE lambda, clip 0.2, entropy and
 value weights, gradient clip 0.5, per-minibatch advantage normalisation, Adam
-eps 1e-5, and reward_scale (applied after SB3's Monitor, which records the
-unscaled returns). What differs: SB3 steps and trains in turn in one process
+eps 1e-5, reward_scale (applied after SB3's Monitor, which records the
+unscaled returns), and with --env-workers envs stepped in other processes
+(SB3's SubprocVecEnv: a process per env). What differs: SB3 steps and trains in turn in one process
 (splitrl trains while it acts, so its data is up to ~2 updates old);
 VecFrameStack starts an episode's stack with zeros where splitrl repeats the
 first frame; and cloud mode's frames cross H.264 while SB3 sees them raw.
@@ -55,7 +56,7 @@ def require_sb3() -> Any:
 
 def _vector_env(run: RunSettings, seed: int) -> Any:
     from stable_baselines3.common.monitor import Monitor
-    from stable_baselines3.common.vec_env import DummyVecEnv, VecFrameStack
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecFrameStack
 
     def make(index: int) -> Any:
         def build() -> gym.Env[Any, Any]:
@@ -68,7 +69,8 @@ def _vector_env(run: RunSettings, seed: int) -> Any:
 
         return build
 
-    vector = DummyVecEnv([make(i) for i in range(run.num_envs)])
+    # --env-workers: splitrl steps its env groups in worker processes; SB3's own way is a process per env.
+    vector = (SubprocVecEnv if run.env_workers else DummyVecEnv)([make(i) for i in range(run.num_envs)])
     vector.seed(seed)
     return VecFrameStack(vector, n_stack=run.frame_stack, channels_order="last")
 

@@ -36,7 +36,13 @@ from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.core import scrape
 from splitrl.core.args import settings_argv
 from splitrl.core.config import Mode
-from splitrl.core.metrics import HOP_LATENCY, INFERENCE_BATCH_SIZE, POLICY_LAG
+from splitrl.core.metrics import (
+    HOP_LATENCY,
+    INFERENCE_BATCH_SIZE,
+    POLICY_LAG,
+    WORKER_CPU_SECONDS,
+    WORKER_RESIDENT_BYTES,
+)
 from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
@@ -79,7 +85,8 @@ class StackResult:
     learner_updates: int
     cpu_seconds: dict[str, float]
     run_dir: str
-    #: Each service's resident memory (bytes) when the run ended, and the run's env steps (all of them).
+    #: Each service's resident memory (bytes) when the run ended, its worker processes included (as is
+    #: cpu_seconds), and the run's env steps (all of them).
     resident_bytes: dict[str, float] = field(default_factory=dict)
     env_steps_total: int = 0
     #: Learner updates inside the rate's window.
@@ -157,9 +164,15 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         policy_lag_mean=lag_sum / lag_count if lag_count else None,
         policy_lag_max_at_most=scrape.upper_bound(lag_buckets),
         learner_updates=int(summary["learner_updates"]),
-        cpu_seconds={name: scrape.total([text], "process_cpu_seconds_total") for name, text in texts.items()},
+        cpu_seconds={
+            name: scrape.total([text], "process_cpu_seconds_total") + scrape.total([text], WORKER_CPU_SECONDS)
+            for name, text in texts.items()
+        },
         run_dir=str(run_dir),
-        resident_bytes={name: scrape.total([text], "process_resident_memory_bytes") for name, text in texts.items()},
+        resident_bytes={
+            name: scrape.total([text], "process_resident_memory_bytes") + scrape.total([text], WORKER_RESIDENT_BYTES)
+            for name, text in texts.items()
+        },
         env_steps_total=int(summary["env_steps"]),
         updates=int(last[2] - first[2]),
     )

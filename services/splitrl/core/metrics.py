@@ -43,6 +43,9 @@ HOP_LATENCY = "splitrl_hop_latency_seconds"
 LEARNER_UPDATES = "splitrl_learner_updates"
 LEARNER_LOSS = "splitrl_learner_loss"
 POLICY_LAG = "splitrl_policy_lag"
+#: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
+WORKER_CPU_SECONDS = "splitrl_worker_cpu_seconds"
+WORKER_RESIDENT_BYTES = "splitrl_worker_resident_memory_bytes"
 
 LINK_LABELS = ("link", "direction", "phase", "payload")
 #: Seconds; roughly x1.5-2 apart so that p50 / p99 read from buckets are within ~25% (`splitrl bench throughput`).
@@ -288,6 +291,17 @@ class Metrics:
             "splitrl_video_psnr_db",
             "PSNR (dB) of each batch of frames as the cloud decodes them, measured on the edge by decoding its own "
             "H.264 packets (cloud --codec h264); identical frames count as 100 dB. Mean = _sum / _count.",
+            registry=registry,
+        )
+        self.worker_cpu_seconds = Gauge(
+            WORKER_CPU_SECONDS,
+            "CPU seconds (user + system) this service's worker processes have used, ended workers included; "
+            "0 without workers. The service's own are process_cpu_seconds_total.",
+            registry=registry,
+        )
+        self.worker_resident_bytes = Gauge(
+            WORKER_RESIDENT_BYTES,
+            "Resident memory of this service's worker processes (bytes; as last seen for ended workers).",
             registry=registry,
         )
         self.video_decode_errors = Counter(

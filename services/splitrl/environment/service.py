@@ -8,7 +8,9 @@ SIGTERM, or when the edge refuses its stream (a mismatched setting).
 With `env_groups` G > 1 the envs are split into G vector envs, each with its own
 stream (Sample Factory's double-buffered sampling): while one group's step is
 on its round trip through edge and inference, another group's envs are stepped,
-so the process stays busy instead of waiting for actions.
+so the process stays busy instead of waiting for actions. With `env_workers`
+each group steps in a worker process of its own (core.env_worker), so groups
+step at the same time, on more than one core.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ import time
 from collections.abc import Sequence
 
 import grpc
-import gymnasium as gym
 import numpy as np
 
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
-from splitrl.core.envs import action_spec_from_space, make_vector_env
+from splitrl.core.env_worker import GroupEnvs, group_envs
+from splitrl.core.envs import action_spec_from_space
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.service import BackgroundLoop, LoopService
@@ -48,11 +50,20 @@ class EnvironmentService(LoopService):
         self.groups = [
             (
                 sum(sizes[:g]),
-                make_vector_env(settings.env, settings.env_kwargs, n, settings.frame_size, settings.action_repeat),
+                group_envs(
+                    settings.env,
+                    settings.env_kwargs,
+                    n,
+                    settings.frame_size,
+                    settings.action_repeat,
+                    worker=settings.env_workers,
+                ),
             )
             for g, n in enumerate(sizes)
         ]
         self.action_spec = action_spec_from_space(self.groups[0][1].single_action_space)
+        metrics.worker_cpu_seconds.set_function(lambda: sum(envs.usage()[0] for _, envs in self.groups))
+        metrics.worker_resident_bytes.set_function(lambda: sum(envs.usage()[1] for _, envs in self.groups))
         self.steps_taken = 0
         self.loop = BackgroundLoop("environment loop")
 
@@ -69,7 +80,7 @@ class EnvironmentService(LoopService):
         await asyncio.gather(*(self._run_group(first, envs) for first, envs in self.groups))
         log.info("environment done after %d agent steps", self.steps_taken)
 
-    async def _run_group(self, first_env: int, envs: gym.vector.VectorEnv) -> None:
+    async def _run_group(self, first_env: int, envs: GroupEnvs) -> None:
         """One group's rollout loop. Returns once max_steps agent steps are done; a lost edge-encoder is redialled.
 
         A lost stream does not end the loop: the step whose actions did not come back is sent again, as
@@ -112,7 +123,7 @@ class EnvironmentService(LoopService):
             actions = self._actions(reply, sequence, group.envs.num_envs)
             redial.answered()
             stepped_at = time.perf_counter()
-            frames, rewards, terminated, truncated, info = group.envs.step(actions)
+            frames, rewards, terminated, truncated, info = await group.envs.step(actions)
             self.metrics.hop_latency.labels(hop="environment-step").observe(time.perf_counter() - stepped_at)
             group.pending.advance(frames, rewards, terminated, truncated)
             self._record(info, group.envs.num_envs)
@@ -149,7 +160,7 @@ class EnvironmentService(LoopService):
 class _Group:
     """One group's envs and the step it sends next."""
 
-    def __init__(self, envs: gym.vector.VectorEnv, pending: _Pending) -> None:
+    def __init__(self, envs: GroupEnvs, pending: _Pending) -> None:
         self.envs, self.pending = envs, pending
 
 

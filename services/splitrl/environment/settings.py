@@ -18,6 +18,11 @@ class VecEnvSettings(Settings):
         "wait for actions (2: double-buffered sampling; keeps the env process busy). At most num_envs.",
     )
     action_repeat: int = Field(1, ge=1, le=16, description="Times each action is repeated (rewards summed).")
+    env_workers: bool = Field(
+        False,
+        description="Step each env group in a worker process of its own (one more core per group busy), for envs "
+        "whose step is the bottleneck (CarRacing renders); costs a process per group. Same frames either way.",
+    )
 
     @model_validator(mode="after")
     def _groups_fit(self) -> VecEnvSettings:

@@ -63,21 +63,24 @@ class LearnerService(LoopService):
             {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
         )
         self.replay_meter = LinkMeter(metrics, "replay-learner")
-        torch.manual_seed(settings.seed)
-        model = settings.network_config()
-        spec = action_spec_of(settings.env, settings.env_kwargs)
-        if settings.mode == "cloud":
-            self.edges: EdgeLinks | None = None
-            self.trainer = Trainer(cloud_network("cloud", model, spec), settings)
-        else:
+        self.edges: EdgeLinks | None = None
+        if settings.mode != "cloud":
             self.edges = EdgeLinks(
                 metrics,
-                model.width,
+                settings.width,
                 max_encoder_lag=settings.max_encoder_lag,
                 gradient_codec=settings.gradient_codec,
                 activation_bound=settings.activation_bound(),
             )
-            self.trainer = Trainer(cloud_network(settings.mode, model, spec), settings, self.edges)
+        torch.manual_seed(settings.seed)  # initial weights: inference builds the same from the same seed
+        self._network = cloud_network(
+            settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs)
+        )
+        #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
+        #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
+        #: from serving. `run` awaits it before its first update; `ready()` lets others await it.
+        self._trainer: Trainer | None = None
+        self._built: asyncio.Future[None] | None = None
         self.service_names: Sequence[str] = () if self.edges is None else (EdgeLinks.service_name,)
         self.version = 0
         #: Replay cursor, checkpointed: items this learner has sampled (over restarts) and the newest key.
@@ -86,6 +89,25 @@ class LearnerService(LoopService):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
         self._replay = Redial("replay", Backoff.of(settings), metrics)
+
+    @property
+    def trainer(self) -> Trainer:
+        if self._trainer is None:
+            raise RuntimeError("the learner's trainer is still being built: await ready() first")
+        return self._trainer
+
+    async def start(self) -> None:
+        self._built = asyncio.wrap_future(self._executor.submit(self._build_trainer))
+        await super().start()
+
+    async def ready(self) -> None:
+        """Returns once the trainer is built and the checkpoint (if any) restored; raises what the build raised."""
+        if self._built is None:
+            raise RuntimeError("the learner has not been started")
+        await asyncio.shield(self._built)
+
+    def _build_trainer(self) -> None:
+        self._trainer = Trainer(self._network, self.settings, self.edges)
         self._restore()
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -110,6 +132,7 @@ class LearnerService(LoopService):
         publisher = WeightsPublisher(
             s.inference_address, s, self.metrics, Backoff.of(s), ack_timeout_s=s.publish_timeout_s
         )
+        await self.ready()
         publishing = asyncio.create_task(publisher.run(), name="weights publisher")
         try:
             async with rpc.dial(s.replay_address, s) as replay:
@@ -227,7 +250,7 @@ class LearnerService(LoopService):
     def _checkpoint(self) -> None:
         """Model, optimizer, policy version, replay cursor and RNG states, atomically (core.checkpoint)."""
         path = self._checkpoint_path()
-        if path is None or self.version == 0:
+        if path is None or self.version == 0 or self._trainer is None:
             return
         state = {
             "version": self.version,

@@ -1,0 +1,200 @@
+"""Vector envs the environment service steps: in its own process, or in a worker process of their own.
+
+`--env-workers` puts each env group in a worker process, so stepping (CarRacing: mostly rendering) runs on
+another core while the service's process does its networking and other groups' steps. A worker builds
+exactly the vector env `make_vector_env` builds, so seeds, frames and rewards are the same either way.
+
+The worker answers one command at a time over a pipe (reset, step, close); results travel pickled (a
+vector step of 8 96x96 frames is ~74 KB). The service awaits a worker's step without blocking its event
+loop: the loop watches the pipe. A worker that dies ends the service's loop with EOFError, and the service is
+restarted as any crashed service is. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from splitrl.core.envs import make_vector_env
+
+#: (frames, rewards, terminated, truncated, info) of one vector step, as gymnasium returns it.
+Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class GroupEnvs(Protocol):
+    """What the environment service needs of one group's vector env."""
+
+    num_envs: int
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]: ...
+
+    def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]: ...
+
+    def usage(self) -> tuple[float, float]:
+        """(CPU seconds, resident bytes) of the process(es) stepping these envs besides the caller's; (0, 0)
+        when they step in the caller's own process."""
+        ...
+
+    async def step(self, actions: np.ndarray) -> Step: ...
+
+    def close(self) -> None: ...
+
+
+def group_envs(
+    env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, action_repeat: int, worker: bool
+) -> GroupEnvs:
+    """One group's `num_envs` envs, stepped in a worker process if `worker`, else in this one."""
+    if worker:
+        return WorkerVectorEnv(env_id, env_kwargs, num_envs, frame_size, action_repeat)
+    return LocalVectorEnv(make_vector_env(env_id, env_kwargs, num_envs, frame_size, action_repeat))
+
+
+class LocalVectorEnv:
+    """A vector env stepped in this process (a step holds the event loop while the envs step)."""
+
+    def __init__(self, envs: gym.vector.VectorEnv) -> None:
+        self.envs = envs
+        self.num_envs = envs.num_envs
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]:
+        return self.envs.single_action_space
+
+    def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
+        return self.envs.reset(seed=seed)
+
+    def usage(self) -> tuple[float, float]:
+        return 0.0, 0.0
+
+    async def step(self, actions: np.ndarray) -> Step:
+        return self.envs.step(actions)  # type: ignore[return-value]
+
+    def close(self) -> None:
+        self.envs.close()
+
+
+class WorkerVectorEnv:
+    """A vector env stepped in a worker process ("spawn": a fresh interpreter, nothing inherited from the
+    service's gRPC threads). Construction does not wait for the worker; the first call that needs it does."""
+
+    def __init__(
+        self, env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, action_repeat: int
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._connection, child = context.Pipe()
+        self._process = context.Process(
+            target=_serve,
+            args=(child, env_id, env_kwargs, num_envs, frame_size, action_repeat),
+            name=f"env worker ({num_envs} x {env_id})",
+            daemon=True,  # never outlives the service
+        )
+        self._process.start()
+        child.close()
+        self.num_envs = num_envs
+        self._space: gym.Space[Any] | None = None
+        self._last_usage = (0.0, 0.0)
+
+    @property
+    def single_action_space(self) -> gym.Space[Any]:
+        if self._space is None:
+            self._space = self._answer()
+        return self._space
+
+    def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
+        _ = self.single_action_space  # the worker's first answer is its action space
+        self._connection.send(("reset", seed))
+        return self._answer()  # type: ignore[no-any-return]
+
+    async def step(self, actions: np.ndarray) -> Step:
+        self._connection.send(("step", actions))
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+        fd = self._connection.fileno()
+        loop.add_reader(fd, _resolve, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(fd)
+        return self._answer()  # type: ignore[no-any-return]
+
+    def usage(self) -> tuple[float, float]:
+        """The worker's (CPU seconds, resident bytes), from /proc; once it has ended, as last seen."""
+        if self._process.pid is not None and self._process.is_alive():
+            self._last_usage = _proc_usage(self._process.pid) or self._last_usage
+        return self._last_usage
+
+    def close(self) -> None:
+        self.usage()  # the last reading, kept for the service's final metrics
+        if self._process.is_alive():
+            with contextlib.suppress(OSError):  # the worker is already gone
+                self._connection.send(("close", None))
+            self._process.join(timeout=5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(timeout=5)
+        self._connection.close()
+
+    def _answer(self) -> Any:
+        """The worker's next answer; EOFError if it died, its error (as RuntimeError) if the command failed."""
+        status, value = self._connection.recv()
+        if status == "error":
+            raise RuntimeError(f"{self._process.name} failed: {value}")
+        return value
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def _proc_usage(pid: int) -> tuple[float, float] | None:
+    """(user + system CPU seconds, resident bytes) of process `pid` (Linux /proc); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        statm = Path(f"/proc/{pid}/statm").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": field 3 of proc(5) is fields[0]
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(statm.split()[1]) * _PAGE_BYTES
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _serve(
+    connection: Connection, env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, repeat: int
+) -> None:
+    """The worker's loop: build the envs, send their action space, then answer commands until close or EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service shuts it down
+    try:
+        envs = make_vector_env(env_id, env_kwargs, num_envs, frame_size, repeat)
+    except Exception as error:
+        connection.send(("error", f"building the envs: {error!r}"))
+        return
+    try:
+        connection.send(("ok", envs.single_action_space))
+        while True:
+            command, argument = connection.recv()
+            if command == "close":
+                return
+            try:
+                result = envs.reset(seed=argument) if command == "reset" else envs.step(argument)
+            except Exception as error:
+                connection.send(("error", repr(error)))
+                continue
+            connection.send(("ok", result))
+    except (EOFError, BrokenPipeError):
+        return  # the service is gone
+    finally:
+        envs.close()

@@ -1,0 +1,101 @@
+"""Env groups stepped in worker processes: the same frames, rewards and episode ends as stepping them here;
+failures come back as errors, never as a hang."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from splitrl.core.env_worker import WorkerVectorEnv, group_envs
+
+FAST_ENV = "splitrl/Catch-v0"
+
+
+async def _play(envs, steps: int) -> list[tuple[np.ndarray, ...]]:
+    rng = np.random.default_rng(3)
+    frames, _ = envs.reset(seed=11)
+    seen = [(frames,)]
+    for _ in range(steps):
+        actions = rng.integers(0, envs.single_action_space.n, size=envs.num_envs)
+        frames, rewards, terminated, truncated, info = await envs.step(actions)
+        seen.append((frames, rewards, terminated, truncated, info.get("_episode", np.zeros(envs.num_envs, bool))))
+    return seen
+
+
+def test_a_worker_steps_exactly_as_this_process_would() -> None:
+    async def both() -> tuple[list[tuple[np.ndarray, ...]], list[tuple[np.ndarray, ...]]]:
+        local = group_envs(FAST_ENV, {}, 3, 36, 2, worker=False)
+        worker = group_envs(FAST_ENV, {}, 3, 36, 2, worker=True)
+        try:
+            return await _play(local, 60), await _play(worker, 60)  # 60 steps: several episodes end
+        finally:
+            local.close()
+            worker.close()
+
+    local, worker = asyncio.run(both())
+    assert sum(int(step[2].sum()) for step in local[1:]) > 0, "no episode ended: the comparison saw no reset"
+    for here, there in zip(local, worker, strict=True):
+        for a, b in zip(here, there, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends() -> None:
+    async def run() -> tuple[tuple[float, float], tuple[float, float]]:
+        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
+        worker.reset(seed=0)
+        for _ in range(200):
+            await worker.step(np.array([0, 1]))
+        running = worker.usage()
+        worker.close()
+        return running, worker.usage()
+
+    (cpu_seconds, resident), (final_cpu_seconds, final_resident) = asyncio.run(run())
+    assert cpu_seconds > 0 and resident > 10 * 2**20  # it imported gymnasium and numpy at least
+    assert final_cpu_seconds >= cpu_seconds and final_resident > 0
+    local = group_envs(FAST_ENV, {}, 1, 36, 1, worker=False)
+    assert local.usage() == (0.0, 0.0)
+    local.close()
+
+
+def test_a_worker_that_cannot_build_its_envs_says_why() -> None:
+    worker = WorkerVectorEnv("splitrl/NoSuchEnv-v0", {}, 2, 36, 1)
+    try:
+        with pytest.raises(RuntimeError, match=r"building the envs.*NoSuchEnv"):
+            worker.single_action_space  # noqa: B018
+    finally:
+        worker.close()
+
+
+def test_a_bad_action_is_an_error_and_the_worker_keeps_serving() -> None:
+    async def run() -> None:
+        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
+        try:
+            worker.reset(seed=0)
+            with pytest.raises(RuntimeError, match="failed"):
+                await worker.step(np.array([0, 1, 2]))  # 3 actions for 2 envs
+            frames, *_ = await worker.step(np.array([0, 1]))
+            assert frames.shape == (2, 36, 36)
+        finally:
+            worker.close()
+
+    asyncio.run(run())
+
+
+def test_a_killed_worker_ends_the_step_with_eof_and_closes_without_hanging() -> None:
+    async def run() -> None:
+        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
+        try:
+            worker.reset(seed=0)
+            assert worker._process.pid is not None
+            os.kill(worker._process.pid, signal.SIGKILL)
+            worker._process.join(timeout=10)
+            with pytest.raises((EOFError, BrokenPipeError, ConnectionResetError)):
+                await asyncio.wait_for(worker.step(np.array([0, 1])), 10)
+        finally:
+            worker.close()
+
+    asyncio.run(run())
