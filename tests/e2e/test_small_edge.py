@@ -1,5 +1,6 @@
 """A small edge: the environment service process never loads torch (issue 18's resident-memory target is
-measured by `splitrl bench throughput`; this pins the cause)."""
+measured by `splitrl bench throughput`; this pins the cause). Replay, which only stores and hands out
+chunks, does without it too, so it restarts without torch's import."""
 
 from __future__ import annotations
 
@@ -20,26 +21,32 @@ def unused_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _flags(service: str) -> list[str]:
+    if service == "environment":
+        return ["--env", "CarRacing-v3", "--num-envs", "2", "--encoder-address", f"127.0.0.1:{unused_port()}"]
+    return []
+
+
 @pytest.mark.timeout(120)
-def test_the_environment_service_serves_without_torch(tmp_path: Path) -> None:
-    port_file = tmp_path / "environment.ports.json"
-    command = [sys.executable, "-m", "splitrl.cli.main", "serve", "environment", "--tls", "plaintext"]
-    command += ["--env", "CarRacing-v3", "--num-envs", "2", "--port", "0", "--metrics-port", "0"]
-    command += ["--encoder-address", f"127.0.0.1:{unused_port()}", "--port-file", str(port_file)]
+@pytest.mark.parametrize("service", ["environment", "replay"])
+def test_the_service_serves_without_torch(tmp_path: Path, service: str) -> None:
+    port_file = tmp_path / f"{service}.ports.json"
+    command = [sys.executable, "-m", "splitrl.cli.main", "serve", service, "--tls", "plaintext"]
+    command += [*_flags(service), "--port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         while not port_file.exists():
             assert process.poll() is None, process.communicate()[0].decode()[-3000:]
-            assert time.monotonic() - started < 60, "the environment did not serve within 60 s"
+            assert time.monotonic() - started < 60, f"the {service} did not serve within 60 s"
             time.sleep(0.05)
         serving_s = time.monotonic() - started
         maps = Path(f"/proc/{process.pid}/maps").read_text()
         status = Path(f"/proc/{process.pid}/status").read_text()
         assert json.loads(port_file.read_text())["grpc"] > 0
-        assert "libtorch" not in maps, "the environment process mapped torch's libraries"
+        assert "libtorch" not in maps, f"the {service} process mapped torch's libraries"
         rss_mb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
-        print(f"environment serving after {serving_s:.2f} s, resident {rss_mb:.0f} MB, torch not loaded")
+        print(f"{service} serving after {serving_s:.2f} s, resident {rss_mb:.0f} MB, torch not loaded")
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -9,7 +9,7 @@ import torch
 
 from splitrl.core import wire
 from splitrl.core.rpc import BadRequest
-from splitrl.core.trajectory import TrajectoryTensors, from_proto
+from splitrl.core.trajectory import TrajectoryTensors, check, from_proto
 from splitrl.inference.policy import Decisions
 from splitrl.inference.trajectories import TrajectoryCutter
 
@@ -189,44 +189,59 @@ def test_to_proto_uses_the_documented_wire_dtypes():
     assert message.observations.dtype == wire.DType.DTYPE_UINT8
 
 
-def test_from_proto_rejects_a_missing_field():
+@pytest.fixture(params=[from_proto, check], ids=["from_proto", "check"])
+def read(request):
+    """Both readers of a Trajectory: the learner's (decodes to tensors) and replay's (checks, no torch)."""
+    return request.param
+
+
+def test_check_reads_compressed_fields_to_the_end():
+    message = chunk_proto()
+    message.rewards.CopyFrom(wire.encode(torch.zeros(T), compress=True))
+    check(message)
+    message.rewards.data = message.rewards.data[:-2]  # a valid zstd header, a truncated body
+    with pytest.raises(wire.WireError, match=r"Trajectory\.rewards: tensor data does not decompress"):
+        check(message)
+
+
+def test_from_proto_rejects_a_missing_field(read):
     message = chunk_proto()
     message.ClearField("rewards")
     with pytest.raises(BadRequest, match=r"Trajectory\.rewards is missing"):
-        from_proto(message)
+        read(message)
 
 
 @pytest.mark.parametrize(
     ("name", "rows", "expected"),
     [("values", T, T + 1), ("rewards", T + 1, T), ("observations", T, T + 1), ("policy_versions", T - 1, T)],
 )
-def test_from_proto_rejects_a_wrong_row_count(name, rows, expected):
+def test_from_proto_rejects_a_wrong_row_count(name, rows, expected, read):
     message = chunk_proto()
     tensor = wire.decode(getattr(message, name))
     getattr(message, name).CopyFrom(wire.encode(tensor.new_zeros((rows, *tensor.shape[1:]))))
     with pytest.raises(BadRequest, match=rf"Trajectory\.{name} has shape .*; expected {expected} rows"):
-        from_proto(message)
+        read(message)
 
 
-def test_from_proto_rejects_a_field_without_rows():
+def test_from_proto_rejects_a_field_without_rows(read):
     message = chunk_proto()
     message.rewards.CopyFrom(wire.encode(torch.tensor(1.0)))
     with pytest.raises(BadRequest, match=r"Trajectory\.rewards has shape \[\]"):
-        from_proto(message)
+        read(message)
 
 
-def test_from_proto_rejects_values_of_the_wrong_dtype():
+def test_from_proto_rejects_values_of_the_wrong_dtype(read):
     message = chunk_proto()
     message.values.CopyFrom(wire.encode(torch.zeros(T + 1), dtype=wire.DType.DTYPE_BFLOAT16))
     with pytest.raises(wire.WireError, match=r"Trajectory\.values: .*DTYPE_BFLOAT16, expected DTYPE_FLOAT32"):
-        from_proto(message)
+        read(message)
 
 
-def test_from_proto_rejects_a_broken_tensor_naming_its_field():
+def test_from_proto_rejects_a_broken_tensor_naming_its_field(read):
     message = chunk_proto()
     message.step_ids.data = message.step_ids.data[:-1]
     with pytest.raises(wire.WireError, match=r"Trajectory\.step_ids: tensor data is"):
-        from_proto(message)
+        read(message)
 
 
 def empty_chunk() -> TrajectoryTensors:
@@ -244,27 +259,27 @@ def empty_chunk() -> TrajectoryTensors:
     )
 
 
-def test_from_proto_rejects_length_zero():
+def test_from_proto_rejects_length_zero(read):
     with pytest.raises(BadRequest, match=r"Trajectory has 0 steps; expected 1\.\.4096"):
-        from_proto(empty_chunk().to_proto())
+        read(empty_chunk().to_proto())
 
 
-def test_from_proto_rejects_scalar_actions_as_length_zero():
+def test_from_proto_rejects_scalar_actions_as_length_zero(read):
     message = chunk_proto()
     message.actions.CopyFrom(wire.encode(torch.tensor(1)))
     with pytest.raises(BadRequest, match="Trajectory has 0 steps"):
-        from_proto(message)
+        read(message)
 
 
-def test_from_proto_enforces_max_length():
+def test_from_proto_enforces_max_length(read):
     message = chunk_proto()
-    assert from_proto(message, max_length=T).length == T
+    read(message, max_length=T)
     with pytest.raises(BadRequest, match=rf"Trajectory has {T} steps; expected 1\.\.{T - 1}"):
-        from_proto(message, max_length=T - 1)
+        read(message, max_length=T - 1)
 
 
-def test_from_proto_rejects_per_step_fields_with_extra_dimensions():
+def test_from_proto_rejects_per_step_fields_with_extra_dimensions(read):
     chunk = run_cutter()[T][0]  # the first chunk is cut by request T, its bootstrap row
     chunk.rewards = torch.zeros(T, 5)
     with pytest.raises(ValueError, match=r"rewards has shape \[3, 5\]; expected \[3\]"):
-        from_proto(chunk.to_proto())
+        read(chunk.to_proto())

@@ -1,20 +1,25 @@
 """Trajectory chunks: the unit inference writes to replay and the learner trains on.
 
 `TrajectoryTensors` is the in-memory form; `to_proto` / `from_proto` convert
-through the wire module. Invariants (checked by `from_proto`): T >= 1 steps;
-observations, values, step_ids and encoder_versions have T + 1 rows (the last
-is the bootstrap); every other field has T rows.
+through the wire module. Invariants (checked by `from_proto`, and by `check`,
+which replay uses to refuse a bad chunk without decoding it into tensors or
+importing torch): T >= 1 steps; observations, values, step_ids and
+encoder_versions have T + 1 rows (the last is the bootstrap); every other field
+has T rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from splitrl.core import wire
 from splitrl.core.rpc import BadRequest
 from splitrl.v1 import replay_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 DType = wire.DType
 
@@ -60,26 +65,42 @@ class TrajectoryTensors:
 
 def from_proto(message: replay_pb2.Trajectory, *, max_length: int = 4096) -> TrajectoryTensors:
     """Decode and check a Trajectory; WireError / BadRequest names the first broken invariant."""
-    decoded: dict[str, torch.Tensor] = {}
+    return TrajectoryTensors(**_checked(message, max_length, wire.decode))
+
+
+def check(message: replay_pb2.Trajectory, *, max_length: int = 4096) -> None:
+    """`from_proto`'s checks, every field's bytes read (zstd decompressed) but no tensor built: no torch."""
+    _checked(message, max_length, wire.verify)
+
+
+def _checked(message: replay_pb2.Trajectory, max_length: int, read: Callable[..., Any]) -> dict[str, Any]:
+    """Every field read by `read` (wire.decode or wire.verify), then the row invariants on their shapes."""
+    fields_read: dict[str, Any] = {}
+    shapes: dict[str, Sequence[int]] = {}
     for name, dtype in _FIELD_DTYPES.items():
         if not message.HasField(name):
             raise BadRequest(f"Trajectory.{name} is missing")
         try:
-            decoded[name] = wire.decode(getattr(message, name), expect_dtype=dtype)
+            fields_read[name] = read(getattr(message, name), expect_dtype=dtype)
         except wire.WireError as error:
             raise wire.WireError(f"Trajectory.{name}: {error}") from None
-    length = decoded["actions"].shape[0] if decoded["actions"].dim() else 0
+        shapes[name] = list(getattr(message, name).shape)
+    _check_rows(shapes, max_length)
+    return fields_read
+
+
+def _check_rows(shapes: dict[str, Sequence[int]], max_length: int) -> None:
+    length = shapes["actions"][0] if shapes["actions"] else 0
     if not 1 <= length <= max_length:
         raise BadRequest(f"Trajectory has {length} steps; expected 1..{max_length}")
-    for name, tensor in decoded.items():
+    for name, shape in shapes.items():
         rows = length + 1 if name in _BOOTSTRAP_FIELDS else length
-        if tensor.dim() == 0 or tensor.shape[0] != rows:
-            raise BadRequest(f"Trajectory.{name} has shape {list(tensor.shape)}; expected {rows} rows")
-        if name not in ("observations", "actions") and tensor.dim() != 1:
-            raise BadRequest(f"Trajectory.{name} has shape {list(tensor.shape)}; expected [{rows}]")
-    if decoded["actions"].dim() > 2 or decoded["observations"].dim() < 2:
+        if len(shape) == 0 or shape[0] != rows:
+            raise BadRequest(f"Trajectory.{name} has shape {list(shape)}; expected {rows} rows")
+        if name not in ("observations", "actions") and len(shape) != 1:
+            raise BadRequest(f"Trajectory.{name} has shape {list(shape)}; expected [{rows}]")
+    if len(shapes["actions"]) > 2 or len(shapes["observations"]) < 2:
         raise BadRequest(
-            f"Trajectory actions {list(decoded['actions'].shape)} must be [T] or [T, A] and observations "
-            f"{list(decoded['observations'].shape)} at least [T+1, D]"
+            f"Trajectory actions {list(shapes['actions'])} must be [T] or [T, A] and observations "
+            f"{list(shapes['observations'])} at least [T+1, D]"
         )
-    return TrajectoryTensors(**decoded)

@@ -414,6 +414,19 @@ def decode(
     return torch.frombuffer(bytearray(data), dtype=info.torch_dtype).reshape(shape)
 
 
+def verify(
+    message: Tensor,
+    *,
+    max_bytes: int = DEFAULT_MAX_TENSOR_BYTES,
+    expect_dtype: int | None = None,
+    expect_shape: Sequence[int | None] | None = None,
+) -> None:
+    """`validate`, and read the elements as `decode` would (zstd decompressed, bools checked), building
+    nothing: what decodes later cannot fail. For any dtype, bfloat16 included, without torch."""
+    validate(message, max_bytes=max_bytes, expect_dtype=expect_dtype, expect_shape=expect_shape)
+    _elements(message, data_bytes(message.dtype, math.prod(message.shape)))
+
+
 def decode_array(
     message: Tensor,
     *,

@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
+from splitrl.core import trajectory
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest
-from splitrl.core.trajectory import from_proto
 from splitrl.replay.dedup import Writers
 from splitrl.replay.persistence import ReplayStore
 from splitrl.replay.settings import ReplaySettings, TableSettings
@@ -129,7 +129,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         async for request in request_iterator:
             self.insert_meter.received(request, phase="rollout", payload="trajectory")
             table = self._table(request.table)
-            from_proto(request.trajectory, max_length=self.settings.max_trajectory_length)
+            trajectory.check(request.trajectory, max_length=self.settings.max_trajectory_length)
             original = self.writers.check(request.writer_id, request.sequence) if request.writer_id else None
             if original is None:
                 try:
