@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -125,3 +126,16 @@ def test_the_help_readme_points_to_explains_itself(command):
     )
     assert result.returncode == 0, result.stderr
     assert "usage: splitrl" in result.stdout and "--" in result.stdout
+
+
+def test_readmes_bench_commands_name_flags_and_values_the_benches_take():
+    """Every `splitrl bench` command README gives parses and validates (running them is the benchmark)."""
+    from splitrl.cli.main import _benches, build_parser
+    from splitrl.core.args import settings_from_args
+
+    commands = commands_starting("splitrl bench")
+    assert any("bench throughput" in command for command in commands)
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        settings_cls, _ = _benches()[args.bench]
+        settings_from_args(settings_cls, args, environ={})
