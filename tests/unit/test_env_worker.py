@@ -70,15 +70,33 @@ def test_a_worker_that_cannot_build_its_envs_says_why() -> None:
         worker.close()
 
 
-def test_a_bad_action_is_an_error_and_the_worker_keeps_serving() -> None:
+def test_a_step_its_caller_stopped_waiting_for_leaves_the_env_refusing_further_use() -> None:
     async def run() -> None:
         worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
         try:
             worker.reset(seed=0)
-            with pytest.raises(RuntimeError, match="failed"):
+            stepping = asyncio.ensure_future(worker.step(np.array([0, 0])))
+            await asyncio.sleep(0)  # the command is sent; its answer is not read
+            stepping.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await stepping
+            # Its answer would be read as the next step's: refused instead of silently one step behind.
+            with pytest.raises(RuntimeError, match="stopped waiting"):
+                await worker.step(np.array([1, 1]))
+        finally:
+            worker.close()
+        assert not worker._process.is_alive()
+
+    asyncio.run(run())
+
+
+def test_a_bad_action_is_an_error_reported_with_the_workers_name() -> None:
+    async def run() -> None:
+        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
+        try:
+            worker.reset(seed=0)
+            with pytest.raises(RuntimeError, match=r"env worker \(2 x splitrl/Catch-v0\) failed"):
                 await worker.step(np.array([0, 1, 2]))  # 3 actions for 2 envs
-            frames, *_ = await worker.step(np.array([0, 1]))
-            assert frames.shape == (2, 36, 36)
         finally:
             worker.close()
 

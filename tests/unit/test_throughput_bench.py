@@ -85,13 +85,14 @@ def test_every_run_the_bench_times_is_described_by_its_flags() -> None:
 
 def test_sync_ppo_trains_once_per_chunks_per_update_chunks() -> None:
     # 2 envs, chunks of 4: a chunk per env is cut at vector steps 5, 9, 13, ... (a cut waits for its bootstrap
-    # step), so 4 chunks are in after vector steps 9, 17, 25: 3 updates in 32 vector steps (64 agent steps).
+    # step is acted on), so 4 chunks are in after vector steps 9, 17, 25, and the final act after the 32nd
+    # vector step (64 agent steps) cuts the last rollout for its update, as SB3 ends with one: 4 updates.
     bench = ThroughputBenchSettings(
         env="splitrl/Catch-v0", frame_size=36, width=32, num_envs=2, unroll_length=4, chunks_per_update=4,
         epochs=2, minibatches=2, steps=64,
     )  # fmt: skip
     result = run_sync_ppo(run_settings(bench, "cloud"), warmup_fraction=0.0)
-    assert result.total_steps == result.steps == 64 and result.updates == 3
+    assert result.total_steps == result.steps == 64 and result.updates == 4
     assert result.update_us_per_step is not None and result.update_us_per_step > 0
     assert result.env_us_per_step is not None and result.model_us_per_step is not None
     assert result.wall_seconds >= result.seconds > 0

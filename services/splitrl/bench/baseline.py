@@ -110,6 +110,7 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
             torch.zeros(n, dtype=torch.bool),
             torch.zeros(n, dtype=torch.bool),
         )
+        clock = time.perf_counter()  # rates count from here: set-up (envs, network, Adam) is in wall_seconds only
         points: list[tuple[float, float, float]] = [(0, 0.0, 0)]
         env_s = model_s = 0.0
         while points[-1][0] < run.steps:
@@ -130,7 +131,15 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
             model_s += before_env - before_model
             env_s += after - before_env
             updates = learner.updates if learner is not None else 0
-            points.append((points[-1][0] + n, after - started, updates))
+            points.append((points[-1][0] + n, after - clock, updates))
+        if learner is not None:
+            # The last rollout's update, as SB3 (and CleanRL) run it: its chunks are cut once their bootstrap
+            # step is acted on, without stepping the envs again.
+            before_model = time.perf_counter()
+            observations = stacker.push(torch.from_numpy(frames), episode_start)
+            learner.add(observations, policy.act(observations), rewards, terminated, truncated)
+            model_s += time.perf_counter() - before_model
+            points.append((points[-1][0], time.perf_counter() - clock, learner.updates))
     finally:
         envs.close()
     first, last = steady_span(points, warmup_fraction)

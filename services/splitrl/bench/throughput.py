@@ -306,12 +306,18 @@ def _training_table(report: ThroughputReport) -> list[str]:
     rows += [(f"stack {r.mode}", r.steps, r.seconds, r.updates, r.wall_seconds, r.env_steps_total)
              for r in report.stacks]  # fmt: skip
     references = list(report.trained)
+    where_envs_step = (
+        "in worker processes in the stack (--env-workers) and in SB3 (SubprocVecEnv); act-only and sync-ppo step "
+        "them in their own process"
+        if s.get("env_workers")
+        else "in one process in every run"
+    )
     lines = [
         "",
         f"Training end to end: env frames/s while training (frames = agent steps x action repeat {repeat}), "
         f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
         f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
-        f"{s['minibatches']} minibatches:",
+        f"{s['minibatches']} minibatches. Envs step {where_envs_step}.",
         "",
         "| run | env frames/s | "
         + " | ".join(f"x {name}" for name in references)

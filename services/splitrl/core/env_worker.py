@@ -103,6 +103,10 @@ class WorkerVectorEnv:
         self.num_envs = num_envs
         self._space: gym.Space[Any] | None = None
         self._last_usage = (0.0, 0.0)
+        self._closed = False
+        #: Set while a command's answer is owed. A caller that stops waiting (cancelled) leaves the answer in
+        #: the pipe and the envs a step further than it knows: the env is unusable after that, and says so.
+        self._owed = False
 
     @property
     def single_action_space(self) -> gym.Space[Any]:
@@ -111,12 +115,11 @@ class WorkerVectorEnv:
         return self._space
 
     def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
-        _ = self.single_action_space  # the worker's first answer is its action space
-        self._connection.send(("reset", seed))
+        self._send("reset", seed)
         return self._answer()  # type: ignore[no-any-return]
 
     async def step(self, actions: np.ndarray) -> Step:
-        self._connection.send(("step", actions))
+        self._send("step", actions)
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
         fd = self._connection.fileno()
@@ -128,25 +131,40 @@ class WorkerVectorEnv:
         return self._answer()  # type: ignore[no-any-return]
 
     def usage(self) -> tuple[float, float]:
-        """The worker's (CPU seconds, resident bytes), from /proc; once it has ended, as last seen."""
-        if self._process.pid is not None and self._process.is_alive():
-            self._last_usage = _proc_usage(self._process.pid) or self._last_usage
+        """The worker's (CPU seconds, resident bytes), from /proc; once it has been closed, as last seen.
+
+        Safe from another thread (Prometheus collects on its own): it reads /proc only, never waits on the
+        process."""
+        pid = self._process.pid
+        if not self._closed and pid is not None:
+            self._last_usage = _proc_usage(pid) or self._last_usage
         return self._last_usage
 
     def close(self) -> None:
+        """Stop the worker: ask it to, then close the pipe (a worker blocked on an answer nobody reads gets a
+        broken pipe and exits), then wait briefly, then kill."""
         self.usage()  # the last reading, kept for the service's final metrics
-        if self._process.is_alive():
+        self._closed = True
+        if not self._owed:
             with contextlib.suppress(OSError):  # the worker is already gone
                 self._connection.send(("close", None))
-            self._process.join(timeout=5)
+        self._connection.close()
+        self._process.join(timeout=5)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(timeout=5)
-        self._connection.close()
+
+    def _send(self, command: str, argument: Any) -> None:
+        _ = self.single_action_space  # the worker's first answer is its action space
+        if self._owed:
+            raise RuntimeError(f"{self._process.name}: a caller stopped waiting for an answer; the envs moved on")
+        self._connection.send((command, argument))
+        self._owed = True
 
     def _answer(self) -> Any:
         """The worker's next answer; EOFError if it died, its error (as RuntimeError) if the command failed."""
         status, value = self._connection.recv()
+        self._owed = False
         if status == "error":
             raise RuntimeError(f"{self._process.name} failed: {value}")
         return value

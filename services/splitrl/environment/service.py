@@ -72,12 +72,19 @@ class EnvironmentService(LoopService):
 
     async def stop(self) -> None:
         await self.loop.cancel()
-        for _, envs in self.groups:
-            envs.close()
+        # Off the event loop and side by side: a worker may take a moment to exit.
+        await asyncio.gather(*(asyncio.to_thread(envs.close) for _, envs in self.groups))
 
     async def run(self) -> None:
-        """Every group's rollout loop, concurrently; returns once max_steps agent steps are done."""
-        await asyncio.gather(*(self._run_group(first, envs) for first, envs in self.groups))
+        """Every group's rollout loop, concurrently; returns once max_steps agent steps are done. A group that
+        fails ends the others (cancelled) and the error is raised as it is."""
+        groups = [asyncio.create_task(self._run_group(first, envs)) for first, envs in self.groups]
+        try:
+            await asyncio.gather(*groups)
+        finally:
+            for group in groups:
+                group.cancel()
+            await asyncio.gather(*groups, return_exceptions=True)
         log.info("environment done after %d agent steps", self.steps_taken)
 
     async def _run_group(self, first_env: int, envs: GroupEnvs) -> None:

@@ -107,8 +107,14 @@ class LearnerService(LoopService):
         await asyncio.shield(self._built)
 
     def _build_trainer(self) -> None:
-        self._trainer = Trainer(self._network, self.settings, self.edges)
-        self._restore()
+        """The trainer, with the checkpoint restored into it; `trainer` is set only once both are done."""
+        try:
+            trainer = Trainer(self._network, self.settings, self.edges)
+            self._restore(trainer)
+        except Exception:
+            log.exception("building the trainer failed")  # logged here: stop() may come before run() sees it
+            raise
+        self._trainer = trainer
 
     def register(self, server: grpc.aio.Server) -> None:
         if self.edges is not None:
@@ -265,19 +271,19 @@ class LearnerService(LoopService):
         }
         checkpoint.save(state, path)
 
-    def _restore(self) -> None:
+    def _restore(self, trainer: Trainer) -> None:
         path = self._checkpoint_path()
         state = None if path is None else checkpoint.load(path)
         if state is None:
             return
-        self.trainer.network.load_state_dict(state["network"])
-        self.trainer.optimizer.load_state_dict(state["optimizer"])
+        trainer.network.load_state_dict(state["network"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         self.metrics.policy_version.set(self.version)
         if "replay" in state:  # checkpoints from before the cursor and RNG were kept have neither
             self.samples_consumed = int(state["replay"]["samples_consumed"])
             self.last_sampled_key = int(state["replay"]["last_sampled_key"])
-            checkpoint.restore_rng(state["rng"], self.trainer.generator)
+            checkpoint.restore_rng(state["rng"], trainer.generator)
         log.info(
             "resumed from %s at version %d (%d items sampled so far, newest key %d)",
             path,
