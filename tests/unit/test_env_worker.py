@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -13,6 +14,17 @@ import pytest
 from splitrl.core.env_worker import WorkerVectorEnv, group_envs
 
 FAST_ENV = "splitrl/Catch-v0"
+
+
+@pytest.fixture
+def worker() -> Iterator[WorkerVectorEnv]:
+    """A worker of 2 Catch envs, reset; closed after the test (closing twice is harmless)."""
+    started = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
+    try:
+        started.reset(seed=0)
+        yield started
+    finally:
+        started.close()
 
 
 async def _play(envs, steps: int) -> list[tuple[np.ndarray, ...]]:
@@ -43,10 +55,8 @@ def test_a_worker_steps_exactly_as_this_process_would() -> None:
             np.testing.assert_array_equal(a, b)
 
 
-def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends() -> None:
+def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends(worker: WorkerVectorEnv) -> None:
     async def run() -> tuple[tuple[float, float], tuple[float, float]]:
-        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
-        worker.reset(seed=0)
         for _ in range(200):
             await worker.step(np.array([0, 1]))
         running = worker.usage()
@@ -70,50 +80,34 @@ def test_a_worker_that_cannot_build_its_envs_says_why() -> None:
         worker.close()
 
 
-def test_a_step_its_caller_stopped_waiting_for_leaves_the_env_refusing_further_use() -> None:
+def test_a_step_its_caller_stopped_waiting_for_leaves_the_env_refusing_further_use(worker: WorkerVectorEnv) -> None:
     async def run() -> None:
-        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
-        try:
-            worker.reset(seed=0)
-            stepping = asyncio.ensure_future(worker.step(np.array([0, 0])))
-            await asyncio.sleep(0)  # the command is sent; its answer is not read
-            stepping.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await stepping
-            # Its answer would be read as the next step's: refused instead of silently one step behind.
-            with pytest.raises(RuntimeError, match="stopped waiting"):
-                await worker.step(np.array([1, 1]))
-        finally:
-            worker.close()
-        assert not worker._process.is_alive()
+        stepping = asyncio.ensure_future(worker.step(np.array([0, 0])))
+        await asyncio.sleep(0)  # the command is sent; its answer is not read
+        stepping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await stepping
+        # Its answer would be read as the next step's: refused instead of silently one step behind.
+        with pytest.raises(RuntimeError, match="stopped waiting"):
+            await worker.step(np.array([1, 1]))
+
+    asyncio.run(run())
+    worker.close()
+    assert not worker._process.is_alive()
+
+
+def test_a_bad_action_is_an_error_reported_with_the_workers_name(worker: WorkerVectorEnv) -> None:
+    async def run() -> None:
+        with pytest.raises(RuntimeError, match=r"env worker \(2 x splitrl/Catch-v0\) failed"):
+            await worker.step(np.array([0, 1, 2]))  # 3 actions for 2 envs
 
     asyncio.run(run())
 
 
-def test_a_bad_action_is_an_error_reported_with_the_workers_name() -> None:
-    async def run() -> None:
-        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
-        try:
-            worker.reset(seed=0)
-            with pytest.raises(RuntimeError, match=r"env worker \(2 x splitrl/Catch-v0\) failed"):
-                await worker.step(np.array([0, 1, 2]))  # 3 actions for 2 envs
-        finally:
-            worker.close()
-
-    asyncio.run(run())
-
-
-def test_a_killed_worker_ends_the_step_with_eof_and_closes_without_hanging() -> None:
-    async def run() -> None:
-        worker = WorkerVectorEnv(FAST_ENV, {}, 2, 36, 1)
-        try:
-            worker.reset(seed=0)
-            assert worker._process.pid is not None
-            os.kill(worker._process.pid, signal.SIGKILL)
-            worker._process.join(timeout=10)
-            with pytest.raises((EOFError, BrokenPipeError, ConnectionResetError)):
-                await asyncio.wait_for(worker.step(np.array([0, 1])), 10)
-        finally:
-            worker.close()
-
-    asyncio.run(run())
+def test_a_killed_worker_ends_the_step_with_eof_and_closes_without_hanging(worker: WorkerVectorEnv) -> None:
+    assert worker._process.pid is not None
+    os.kill(worker._process.pid, signal.SIGKILL)
+    worker._process.join(timeout=10)
+    with pytest.raises((EOFError, BrokenPipeError, ConnectionResetError)):
+        asyncio.run(asyncio.wait_for(worker.step(np.array([0, 1])), 10))
+    worker.close()

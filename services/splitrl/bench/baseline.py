@@ -56,10 +56,6 @@ class BaselineResult:
     def steps_per_s(self) -> float:
         return self.steps / self.seconds
 
-    @property
-    def updates_per_s(self) -> float:
-        return self.updates / self.seconds
-
 
 def steady_span(points: Sequence[P], warmup_fraction: float) -> tuple[P, P]:
     """(first, last): the first point past `warmup_fraction` of the steps, and the last point.
@@ -75,12 +71,6 @@ def steady_span(points: Sequence[P], warmup_fraction: float) -> tuple[P, P]:
     if steps <= 0 or seconds <= 0:
         raise ValueError(f"no progress after the warm-up: {steps} steps in {seconds:.3f} s")
     return first, points[-1]
-
-
-def steady_window(points: Sequence[Sequence[float]], warmup_fraction: float) -> tuple[int, float]:
-    """(env steps, seconds) of `steady_span`."""
-    first, last = steady_span(points, warmup_fraction)
-    return int(last[0] - first[0]), last[1] - first[1]
 
 
 def run_baseline(run: RunSettings, warmup_fraction: float) -> BaselineResult:

@@ -43,7 +43,8 @@ from splitrl.core.metrics import (
     WORKER_CPU_SECONDS,
     WORKER_RESIDENT_BYTES,
 )
-from splitrl.run.settings import SHARED_GROUPS, RunSettings
+from splitrl.run.plan import shared_values
+from splitrl.run.settings import RunSettings
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -115,10 +116,8 @@ class ThroughputReport:
 def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | None = None) -> RunSettings:
     """The one description of every run the bench times: its shared groups (env, action repeat, chunks, PPO,
     seed) from the bench's flags; `mode` and the codecs for the stack."""
-    shared = {name: getattr(settings, name) for group in SHARED_GROUPS if isinstance(settings, group)
-              for name in group.model_fields}  # fmt: skip
     return RunSettings(
-        **shared,
+        **shared_values(settings, RunSettings),
         mode=mode,
         codec=settings.codec,
         activation_codec=settings.activation_codec,
@@ -194,7 +193,7 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     report = ThroughputReport(settings=json.loads(settings.model_dump_json()))
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
     try:
-        _measure_all(settings, report)
+        _measure_all(settings, run, report)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
@@ -209,14 +208,16 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     return 0
 
 
-def _measure_all(settings: ThroughputBenchSettings, report: ThroughputReport) -> None:
+def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: ThroughputReport) -> None:
+    """Every measurement in order; the single-process ones play `run` (the bench's run in cloud form)."""
+
     def baseline(label: str) -> None:
-        result = run_baseline(run_settings(settings, "cloud"), settings.warmup_fraction)
+        result = run_baseline(run, settings.warmup_fraction)
         report.baselines.append(result)
         print(f"baseline ({label}): {result.steps_per_s:,.1f} env steps/s")
 
     def trained(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
-        result = measure(run_settings(settings, "cloud"), settings.warmup_fraction)
+        result = measure(run, settings.warmup_fraction)
         report.trained[name] = result
         print(f"{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
 

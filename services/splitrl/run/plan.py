@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
-from splitrl.core.config import ServerSettings
+from splitrl.core.config import ServerSettings, Settings
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.inference.settings import InferenceSettings
@@ -38,10 +38,11 @@ S = TypeVar("S", bound=ServerSettings)
 NOT_SERVING = "127.0.0.1:0"
 
 
-def shared_values(run: RunSettings, model: type[ServerSettings]) -> dict[str, Any]:
-    """The run's values of every shared group `model` inherits."""
-    groups = [group for group in SHARED_GROUPS if issubclass(model, group)]
-    return {name: getattr(run, name) for group in groups for name in group.model_fields}
+def shared_values(source: Settings, model: type[Settings]) -> dict[str, Any]:
+    """`source`'s values of every shared group that both it and `model` have (a run has them all; a bench's
+    settings some): what a service (or a run) built from `source` takes of it."""
+    groups = [group for group in SHARED_GROUPS if isinstance(source, group) and issubclass(model, group)]
+    return {name: getattr(source, name) for group in groups for name in group.model_fields}
 
 
 def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, Any]:
