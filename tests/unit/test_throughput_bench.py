@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from splitrl.bench.baseline import BaselineResult, run_sync_ppo, steady_span
 from splitrl.bench.link import LinkResult, tensor_message
 from splitrl.bench.settings import ThroughputBenchSettings
-from splitrl.bench.throughput import Hop, StackResult, ThroughputReport, render_markdown, run_settings
+from splitrl.bench.throughput import run_settings
+from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
 from splitrl.core import scrape, wire
 
 

@@ -1,0 +1,272 @@
+"""What `splitrl bench throughput` measured, and how it is shown: the result types, throughput.json and the
+markdown tables (rates and ratios, training end to end, hop latency, CPU per service, the edge's own costs,
+the link microbenchmark). `throughput.py` takes the measurements."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from splitrl.bench.baseline import BaselineResult
+from splitrl.bench.link import LinkResult
+
+#: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
+HOPS = (
+    "environment-step",
+    "environment-edge",
+    "edge-encode",
+    "edge-inference",
+    "inference-queue",
+    "inference-compute",
+    "inference-replay",
+)
+SERVICES = ("environment", "edge-encoder", "inference", "replay", "learner")
+#: The processes that run on the edge device (the rest run in the cloud).
+EDGE_SERVICES = SERVICES[:2]
+
+
+@dataclass(frozen=True)
+class Hop:
+    """Latency of one hop over a run, in seconds (p50 / p99 interpolated from histogram buckets)."""
+
+    count: int
+    mean_s: float
+    p50_s: float | None
+    p99_s: float | None
+
+
+@dataclass(frozen=True)
+class StackResult:
+    """One `splitrl up` run of the stack in `mode`; `steps` / `seconds` is the rate's window."""
+
+    mode: str
+    steps: int
+    seconds: float
+    wall_seconds: float
+    hops: dict[str, Hop]
+    mean_batch_size: float | None
+    policy_lag_mean: float | None
+    policy_lag_max_at_most: float | None
+    learner_updates: int
+    cpu_seconds: dict[str, float]
+    run_dir: str
+    #: Each service's resident memory (bytes) when the run ended, its worker processes included (as is
+    #: cpu_seconds), and the run's env steps (all of them).
+    resident_bytes: dict[str, float] = field(default_factory=dict)
+    env_steps_total: int = 0
+    #: Learner updates inside the rate's window.
+    updates: int = 0
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.steps / self.seconds
+
+
+@dataclass
+class ThroughputReport:
+    settings: dict[str, Any]
+    baselines: list[BaselineResult] = field(default_factory=list)
+    stacks: list[StackResult] = field(default_factory=list)
+    links: list[LinkResult] = field(default_factory=list)
+    #: The single-process training references by name (sync-ppo, sb3-ppo).
+    trained: dict[str, BaselineResult] = field(default_factory=dict)
+
+    @property
+    def baseline_steps_per_s(self) -> float:
+        """Mean of the baseline measurements (before and after the stack runs)."""
+        return sum(b.steps_per_s for b in self.baselines) / len(self.baselines)
+
+
+def as_json(report: ThroughputReport) -> dict[str, Any]:
+    return {
+        "settings": report.settings,
+        "baseline_steps_per_s": report.baseline_steps_per_s,
+        "baselines": [asdict(b) | {"steps_per_s": b.steps_per_s} for b in report.baselines],
+        "stacks": [
+            asdict(s) | {"steps_per_s": s.steps_per_s, "ratio": s.steps_per_s / report.baseline_steps_per_s}
+            for s in report.stacks
+        ],
+        "links": [link.as_dict() for link in report.links],
+        "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
+    }
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _number(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render_markdown(report: ThroughputReport) -> str:
+    """The tables: rates and ratios, hop latencies, CPU per service, link microbenchmark."""
+    s = report.settings
+    base = report.baseline_steps_per_s
+    lines = [
+        f"### Throughput: {s['env']}, {s['num_envs']} envs, {s['steps']:,} env steps per run, "
+        f"torch threads {s['torch_threads']}",
+        "",
+        "| run | env steps/s | x baseline | overhead us/env step | mean batch | policy lag mean / max<= | updates |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for b, label in zip(report.baselines, ("before", "after", *map(str, range(2, 99))), strict=False):
+        lines.append(f"| baseline ({label}) | {b.steps_per_s:,.1f} | {b.steps_per_s / base:.2f} | - | "
+                     f"{s['num_envs']} | - | - |")  # fmt: skip
+    for r in report.stacks:
+        overhead_us = (1 / r.steps_per_s - 1 / base) * 1e6
+        lag = f"{_number(r.policy_lag_mean, 2)} / {_number(r.policy_lag_max_at_most, 0)}"
+        lines.append(
+            f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
+            f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
+        )
+    lines += (
+        _training_table(report)
+        + _baseline_profile(report)
+        + _hop_table(report)
+        + _cpu_table(report)
+        + _edge_table(report)
+    )
+    lines += _link_table(report)
+    return "\n".join(lines) + "\n"
+
+
+def _training_table(report: ThroughputReport) -> list[str]:
+    """Every run that trains, as a user compares whole training runs: env frames/s with training, against each
+    single-process reference, updates/s, and the wall time of the whole run, set-up included."""
+    s = report.settings
+    if not report.trained:
+        return []
+    repeat = s.get("action_repeat", 1)
+    #: (label, agent steps, seconds, updates in the window, wall seconds of the whole run, its agent steps)
+    rows = [(name, r.steps, r.seconds, r.updates, r.wall_seconds, r.total_steps) for name, r in report.trained.items()]
+    rows += [(f"stack {r.mode}", r.steps, r.seconds, r.updates, r.wall_seconds, r.env_steps_total)
+             for r in report.stacks]  # fmt: skip
+    references = list(report.trained)
+    where_envs_step = (
+        "in worker processes in the stack (--env-workers) and in SB3 (SubprocVecEnv); act-only and sync-ppo step "
+        "them in their own process"
+        if s.get("env_workers")
+        else "in one process in every run"
+    )
+    lines = [
+        "",
+        f"Training end to end: env frames/s while training (frames = agent steps x action repeat {repeat}), "
+        f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
+        f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
+        f"{s['minibatches']} minibatches. Envs step {where_envs_step}.",
+        "",
+        "| run | env frames/s | "
+        + " | ".join(f"x {name}" for name in references)
+        + " | updates/s | agent steps per update | wall s, set-up included |",
+        "|---|---:|" + "---:|" * len(references) + "---:|---:|---:|",
+    ]
+    for label, steps, seconds, updates, wall, total in rows:
+        rate = steps / seconds
+        ratios = [f"{rate / report.trained[name].steps_per_s:.2f}" for name in references]
+        per_update = _number(steps / updates, 0) if updates else "-"
+        lines.append(
+            f"| {label} | {rate * repeat:,.1f} | "
+            + " | ".join(ratios)
+            + f" | {updates / seconds:.3f} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
+        )
+    sync = report.trained.get("sync-ppo")
+    if sync is not None and sync.update_us_per_step is not None:
+        lines += [
+            "",
+            f"sync-ppo time per agent step: env {_number(sync.env_us_per_step, 0)} us, act "
+            f"{_number(sync.model_us_per_step, 0)} us, update {_number(sync.update_us_per_step, 0)} us.",
+        ]
+    return lines
+
+
+def _baseline_profile(report: ThroughputReport) -> list[str]:
+    b = report.baselines[0]
+    return [
+        "",
+        f"Baseline time per env step: env {b.env_us_per_step:,.0f} us, model (stack + act) "
+        f"{b.model_us_per_step:,.0f} us.",
+    ]
+
+
+def _per_mode_header(report: ThroughputReport, caption: str, first_column: str) -> list[str]:
+    """A caption and the head of a table with one column per stack mode."""
+    return [
+        "",
+        caption,
+        "",
+        f"| {first_column} | " + " | ".join(r.mode for r in report.stacks) + " |",
+        "|---|" + "---:|" * len(report.stacks),
+    ]
+
+
+def _hop_table(report: ThroughputReport) -> list[str]:
+    if not report.stacks:
+        return []
+    lines = _per_mode_header(report, "Hop latency per vector step, ms (mean / p50 / p99):", "hop")
+    for hop in HOPS:
+        cells = []
+        for r in report.stacks:
+            h = r.hops.get(hop)
+            cells.append("-" if h is None else f"{_ms(h.mean_s)} / {_ms(h.p50_s)} / {_ms(h.p99_s)}")
+        if any(cell != "-" for cell in cells):
+            lines.append(f"| {hop} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _edge_table(report: ThroughputReport) -> list[str]:
+    """What the edge device pays besides WAN bytes: memory and CPU per env step of its two processes."""
+    if not report.stacks:
+        return []
+    lines = _per_mode_header(
+        report,
+        "The edge's own costs: resident memory at the end of the run (MB) / CPU ms per env step:",
+        "edge process",
+    )
+    for service in EDGE_SERVICES:
+        cells = []
+        for r in report.stacks:
+            if service not in r.resident_bytes or not r.env_steps_total:
+                cells.append("-")
+                continue
+            cpu_ms = 1000 * r.cpu_seconds[service] / r.env_steps_total
+            cells.append(f"{r.resident_bytes[service] / 2**20:.0f} / {cpu_ms:.2f}")
+        lines.append(f"| {service} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cpu_table(report: ThroughputReport) -> list[str]:
+    if not report.stacks:
+        return []
+    lines = _per_mode_header(
+        report, "Where time goes: CPU seconds per service / wall seconds of the run (1.00 = one core busy):", "service"
+    )
+    for service in SERVICES:
+        cells = [
+            _number(r.cpu_seconds[service] / r.wall_seconds, 2) if service in r.cpu_seconds else "-"
+            for r in report.stacks
+        ]
+        lines.append(f"| {service} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _link_table(report: ThroughputReport) -> list[str]:
+    if not report.links:
+        return []
+    lines = [
+        "",
+        "Link microbenchmark, one stream on loopback (receiver in another process):",
+        "",
+        "| message | raw TCP msg/s | gRPC msg/s | raw TCP MB/s | gRPC MB/s | gRPC / TCP |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    by_key = {(link.transport, link.message_bytes): link for link in report.links}
+    for size in sorted({link.message_bytes for link in report.links}):
+        tcp, grpc_ = by_key.get(("tcp", size)), by_key.get(("grpc", size))
+        if tcp is None or grpc_ is None:
+            continue
+        lines.append(
+            f"| {size:,} B | {tcp.messages_per_s:,.0f} | {grpc_.messages_per_s:,.0f} | {tcp.megabytes_per_s:,.1f} | "
+            f"{grpc_.megabytes_per_s:,.1f} | {grpc_.messages_per_s / tcp.messages_per_s:.2f} |"
+        )
+    return lines
