@@ -45,7 +45,7 @@ def act_request(sequence: int = 0, n: int = 2, data: bytes | None = None) -> rol
         rewards=[0.0] * n,
         terminated=[False] * n,
         truncated=[False] * n,
-        step_ids=list(range(n)),
+        first_step_id=0,
     )
 
 
@@ -105,7 +105,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         (lambda r: setattr(r, "sequence", 5), "sequence is 5, expected 0"),
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
         (lambda r: r.rewards.__setitem__(0, float("inf")), "rewards holds NaN or Inf"),
-        (lambda r: r.step_ids.__setitem__(0, 2**64 - 1), "below 2**63"),
+        (lambda r: setattr(r, "first_step_id", 2**63 - 1), "below 2**63"),  # its 2nd row is 2**63
         (
             lambda r: r.observations.CopyFrom(
                 wire.encode(torch.full((2, WIDTH), float("nan")), wire.DType.DTYPE_BFLOAT16)

@@ -29,14 +29,14 @@ def _actions(array: np.ndarray) -> wire.Tensor:
     return wire.encode(array)
 
 
-#: (what is wrong, the actions message). Catch has 3 discrete actions and the environment runs 2 envs.
+#: (what is wrong, the actions message). Catch has 3 discrete actions (uint8 on the wire) and 2 envs.
 BAD_ACTIONS: list[tuple[str, wire.Tensor]] = [
-    ("out of range", _actions(np.array([0, CATCH_ACTIONS], dtype=np.int64))),
-    ("negative", _actions(np.array([-1, 0], dtype=np.int64))),
+    ("out of range", _actions(np.array([0, CATCH_ACTIONS], dtype=np.uint8))),
+    ("int64 where 3 choices cross as uint8", _actions(np.array([-1, 0], dtype=np.int64))),
     ("float for a discrete space", _actions(np.zeros(NUM_ENVS, dtype=np.float32))),
-    ("one action for two envs", _actions(np.zeros(1, dtype=np.int64))),
-    ("truncated bytes", wire.Tensor(dtype=wire.DType.DTYPE_INT64, shape=[NUM_ENVS], data=b"\x00" * 9)),
-    ("not zstd", wire.Tensor(dtype=wire.DType.DTYPE_INT64, shape=[NUM_ENVS], data=b"junk", compression=1)),
+    ("one action for two envs", _actions(np.zeros(1, dtype=np.uint8))),
+    ("truncated bytes", wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[NUM_ENVS], data=b"\x00")),
+    ("not zstd", wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[NUM_ENVS], data=b"junk", compression=1)),
     ("bfloat16 (no numpy dtype)", wire.encode(np.zeros(NUM_ENVS, dtype=np.float32), wire.DType.DTYPE_BFLOAT16)),
 ]
 
@@ -56,7 +56,7 @@ class ScriptedEdge(rollout_pb2_grpc.EdgeEncoderServicer):
                 yield rollout_pb2.EnvAction(sequence=step.sequence, actions=BAD_ACTIONS[stream][1])
                 continue
             self.good_steps += 1
-            yield rollout_pb2.EnvAction(sequence=step.sequence, actions=_actions(np.ones(NUM_ENVS, dtype=np.int64)))
+            yield rollout_pb2.EnvAction(sequence=step.sequence, actions=_actions(np.ones(NUM_ENVS, dtype=np.uint8)))
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ async def test_bad_actions_drop_the_stream_and_the_environment_goes_on(scripted_
         assert host.service.failure() is None
         reconnects = scrape.total([scrape.fetch(host.metrics_port)], "splitrl_reconnects_total")
         assert reconnects == len(BAD_ACTIONS)
-        for reason in ("action outside [0, 3)", "expected DTYPE_INT64", "does not match expected", "needs 16"):
+        for reason in ("action outside [0, 3)", "expected DTYPE_UINT8", "does not match expected", "needs 2"):
             assert reason in caplog.text, reason
     finally:
         await host.stop()

@@ -211,7 +211,7 @@ act_requests = st.builds(
     rewards=per_env(FLOATS),
     terminated=per_env(st.booleans()),
     truncated=per_env(st.booleans()),
-    step_ids=per_env(U64),
+    first_step_id=U64,
     encoder_version=U64,
 )
 env_steps = st.builds(
@@ -301,7 +301,7 @@ def assert_clean(code: grpc.StatusCode, details: str) -> None:
 def activation_step(n: int = 2) -> rollout_pb2.ActRequest:
     observations = wire.encode(torch.rand(n, WIDTH), wire.DType.DTYPE_BFLOAT16)
     return rollout_pb2.ActRequest(
-        observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, step_ids=range(n)
+        observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, first_step_id=0
     )
 
 
@@ -348,7 +348,7 @@ def video_step(n: int, observations: tensor_pb2.Tensor | None = None) -> rollout
         frames = torch.zeros(n, FRAME_SIZE, FRAME_SIZE, dtype=torch.uint8)
         observations = VideoStreamEncoder(FRAME_SIZE, VideoSettings()).encode(frames)
     return rollout_pb2.ActRequest(
-        observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, step_ids=range(n)
+        observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, first_step_id=0
     )
 
 

@@ -53,7 +53,7 @@ async def edge_stream(channel, index: int, stop_at: float, latencies: list[float
             rewards=[0.0],
             terminated=[False],
             truncated=[False],
-            step_ids=[index << 20 | answers],
+            first_step_id=index << 20 | answers,
         )
         sent = time.perf_counter()
         await call.write(request)

@@ -10,7 +10,15 @@ from splitrl.core import wire
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
-from splitrl.core.step_ids import MAX_PREFIX, STEP_ID_BITS, first_id, new_prefix, prefix_of
+from splitrl.core.step_ids import (
+    MAX_PREFIX,
+    STEP_ID_BITS,
+    first_id,
+    new_prefix,
+    pack_step_ids,
+    prefix_of,
+    unpack_step_ids,
+)
 from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
 from splitrl.v1 import training_pb2
 
@@ -55,11 +63,23 @@ def test_prefixes_route_ids_and_stay_inside_int64():
         assert prefix_of(ids).tolist() == [prefix, prefix] and last_id < 2**63
 
 
+def test_step_ids_pack_as_deltas_in_any_order_and_ascending_ids_cost_a_byte_each():
+    base = first_id(MAX_PREFIX - 1)  # the largest prefix: a whole id is a 9-byte varint
+    shuffled = [base + 7, base + 2, base + 900, base + 3]
+    assert unpack_step_ids(pack_step_ids(shuffled)) == shuffled
+    recent = torch.randperm(1024, generator=torch.Generator().manual_seed(0))[:128].sort().values + base
+    packed = pack_step_ids(recent.tolist())
+    assert unpack_step_ids(packed) == recent.tolist()
+    assert packed.ByteSize() <= 12 + 128  # vs 128 x 9 = 1,152 bytes as repeated uint64
+    with pytest.raises(ValueError, match="at least one"):
+        pack_step_ids([])
+
+
 def test_split_gradients_train_the_encoder_through_the_kept_graph():
     trainer, metrics = make_trainer()
     trainer.store.put([1, 2, 3], stacks(3))
     before = [p.detach().clone() for p in trainer.encoder.parameters()]
-    answer = trainer.activations(training_pb2.ActivationRequest(request_id=7, step_ids=[1, 3, 42]))
+    answer = trainer.activations(training_pb2.ActivationRequest(request_id=7, steps=pack_step_ids([1, 3, 42])))
     assert list(answer.missing_step_ids) == [42]
     rows = wire.decode(answer.activations, expect_dtype=wire.DType.DTYPE_BFLOAT16, expect_shape=[2, WIDTH])
     gradients = torch.ones_like(rows)
@@ -85,7 +105,9 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
     trainer, metrics = make_trainer(capacity=2)
     trainer.store.put([1, 2, 3], stacks(3))  # 1 is evicted
     message = training_pb2.EncoderGradients(
-        request_id=5, step_ids=[1, 2, 3], gradients=wire.encode(torch.ones(3, WIDTH), wire.DType.DTYPE_BFLOAT16)
+        request_id=5,
+        steps=pack_step_ids([3, 1, 2]),
+        gradients=wire.encode(torch.ones(3, WIDTH), wire.DType.DTYPE_BFLOAT16),
     )
     applied = trainer.apply(message)
     assert applied.unknown_step_ids == 1 and applied.encoder_version == 1
@@ -95,20 +117,38 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
 @pytest.mark.parametrize(
     "message, error",
     [
-        (training_pb2.EncoderGradients(request_id=1, step_ids=[1, 2]), "dtype"),
+        (training_pb2.EncoderGradients(request_id=1, steps=pack_step_ids([1, 2])), "dtype"),
         (
             training_pb2.EncoderGradients(
                 request_id=1,
-                step_ids=[1, 2],
+                steps=pack_step_ids([1, 2]),
                 gradients=wire.encode(torch.ones(2, WIDTH + 1), wire.DType.DTYPE_BFLOAT16),
             ),
             "expected \\[n, width\\]",
         ),
         (
             training_pb2.EncoderGradients(
-                request_id=1, step_ids=[1], gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+                request_id=1,
+                steps=pack_step_ids([1]),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
             ),
             "1 step ids for 2 rows",
+        ),
+        (
+            training_pb2.EncoderGradients(
+                request_id=1,
+                steps=training_pb2.StepIds(first=1, deltas=[-2]),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+            ),
+            "outside \\[0, 2\\*\\*63\\)",
+        ),
+        (
+            training_pb2.EncoderGradients(
+                request_id=1,
+                steps=training_pb2.StepIds(first=2**63 - 1, deltas=[1]),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+            ),
+            "outside \\[0, 2\\*\\*63\\)",
         ),
     ],
 )
@@ -135,7 +175,9 @@ def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
     trainer.store.put([1, 2], stacks(2))
     for step in range(3):
         message = training_pb2.EncoderGradients(
-            request_id=step, step_ids=[1, 2], gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+            request_id=step,
+            steps=pack_step_ids([1, 2]),
+            gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
         )
         trainer.apply(message)
         assert path.exists() == (step >= 1)  # saved every 2 steps

@@ -67,7 +67,7 @@ def test_tensor_elements_sums_repeated_messages():
 def test_tensor_elements_ignores_unset_tensors_and_scalar_fields():
     assert tensor_elements(replay_pb2.InsertRequest(table="queue", sequence=1)) == 0
     request = rollout_pb2.ActRequest(
-        observations=wire.encode(torch.zeros(4, 8)), rewards=[1.0] * 4, terminated=[False] * 4, step_ids=[1, 2, 3, 4]
+        observations=wire.encode(torch.zeros(4, 8)), rewards=[1.0] * 4, terminated=[False] * 4, first_step_id=1
     )
     assert tensor_elements(request) == 32
 

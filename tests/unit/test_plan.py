@@ -35,6 +35,8 @@ RUN = RunSettings(
     unroll_length=16,
     chunks_per_update=8,
     learning_rate=5e-4,
+    encoder_learning_rate=1e-4,
+    encoder_epochs=1,
     video_crf=28,
     steps=1000,
     tls="mtls",
@@ -51,6 +53,7 @@ def test_every_service_gets_the_runs_values_of_the_groups_it_shares(tmp_path):
     learner, edge, inference = services["learner"], services["edge-encoder"], services["inference"]
     assert (learner.chunks_per_update, learner.learning_rate, learner.mode, learner.seed) == (8, 5e-4, RUN.mode, 7)
     assert (edge.activation_codec, edge.video_crf, edge.learner_address) == ("int4+zstd", 28, NOT_SERVING)
+    assert (edge.encoder_learning_rate, learner.encoder_epochs) == (1e-4, 1)
     assert (inference.unroll_length, inference.replay_address) == (16, "127.0.0.1:5001")
     assert learner.inference_address == "127.0.0.1:5002"
     environment = services["environment"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from splitrl.core.models import cloud_network
@@ -92,3 +93,65 @@ def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
     assert 0.25 < len(pushed_ids) / (2 * CHUNKS * HORIZON) < 0.75  # about encoder_fraction of the rows
     assert all(gradients.shape == (len(ids), WIDTH) for ids, gradients in edges.pushed)
     assert not set(pushed_ids.tolist()) & {HORIZON, 2 * HORIZON + 1}  # bootstrap steps are never trained
+
+
+def test_split_accumulate_sends_gradients_down_only_in_its_first_encoder_epochs():
+    """encoder_epochs=1, fraction 1: every row's gradient goes down exactly once per update; the head still
+    trains every epoch."""
+    settings = LearnerSettings(
+        mode="split-accumulate", tls="plaintext", epochs=3, minibatches=2, encoder_fraction=1.0, encoder_epochs=1
+    )
+    edges = RecordingEdges()
+    network = cloud_network("split-accumulate", MODEL, SPEC)
+    activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
+    stats = Trainer(network, settings, edges).update(batch(activations))
+    assert stats.optimizer_steps == 6 and len(edges.pushed) == 2  # one push per minibatch of the first epoch
+    pushed_ids = torch.cat([ids for ids, _ in edges.pushed]).tolist()
+    assert sorted(pushed_ids) == sorted(set(pushed_ids)) and len(pushed_ids) == CHUNKS * HORIZON
+
+
+class FreshEdges:
+    """Split mode's edge: answers every fetch with activations of 7.0 (the stored rollout ones are 0), all
+    present; records each fetch and each gradient return."""
+
+    def __init__(self) -> None:
+        self.fetched: list[torch.Tensor] = []
+        self.returned: list[torch.Tensor] = []
+
+    def fetch_activations(self, step_ids):
+        self.fetched.append(step_ids)
+        return torch.full((len(step_ids), WIDTH), 7.0), torch.ones(len(step_ids), dtype=torch.bool), len(step_ids)
+
+    def return_gradients(self, ticket, gradients):
+        assert ticket == len(gradients)
+        self.returned.append(gradients)
+
+    def push_gradients(self, step_ids, encoder_versions, gradients):  # pragma: no cover - accumulate only
+        raise AssertionError("split mode returns gradients, it does not push")
+
+
+class InputRecorder(torch.nn.Module):
+    """The head, recording what each forward pass reads."""
+
+    def __init__(self, head: torch.nn.Module) -> None:
+        super().__init__()
+        self.head, self.inputs = head, []
+
+    def forward(self, inputs):
+        self.inputs.append(inputs.detach().clone())
+        return self.head(inputs)
+
+
+@pytest.mark.parametrize(("encoder_epochs", "exchanges"), [(None, 6), (1, 2)])
+def test_split_exchanges_with_the_edge_only_in_encoder_epochs_then_trains_on_what_it_fetched(encoder_epochs, exchanges):
+    settings = LearnerSettings(mode="split", tls="plaintext", epochs=3, minibatches=2, encoder_epochs=encoder_epochs)
+    edges = FreshEdges()
+    network = InputRecorder(cloud_network("split", MODEL, SPEC))
+    stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)  # what the edge sent when acting
+    stats = Trainer(network, settings, edges).update(batch(stored))
+    assert stats.optimizer_steps == 6
+    assert len(edges.fetched) == len(edges.returned) == exchanges
+    assert set(torch.cat(edges.fetched[:2]).tolist()) == set(range(CHUNKS * (HORIZON + 1))) - {
+        (chunk + 1) * (HORIZON + 1) - 1 for chunk in range(CHUNKS)
+    }  # the first epoch asks for every row once (never a chunk's bootstrap step)
+    assert all(bool((inputs == 7.0).all()) for inputs in network.inputs)  # every epoch: the edge's activations

@@ -1,5 +1,7 @@
 """What `encoder-inference` carries, per mode (docs/design.md §3), and how each side checks it.
 
+Actions come back the same way in every mode: see `action_wire`.
+
 The codec is fixed per stream and announced in the stream's metadata
 (`splitrl-codec`), so inference can refuse a stream it cannot interpret.
 """
@@ -12,6 +14,7 @@ from typing import Literal
 
 from splitrl.core.config import Mode, ObservationCodec
 from splitrl.core.metrics import Payload
+from splitrl.core.spec import ActionSpec
 from splitrl.core.wire import DType
 
 StreamKind = Literal["activation", "frame", "video", "stack-bf16"]
@@ -58,3 +61,14 @@ def expected_observation(
     if codec in ("frame", "video"):
         return DType.DTYPE_UINT8, (num_envs, frame_size, frame_size)
     return DType.DTYPE_BFLOAT16, (num_envs, frame_stack, frame_size, frame_size)
+
+
+def action_wire(spec: ActionSpec, num_envs: int) -> tuple[int, tuple[int, ...]]:
+    """(dtype, shape) of the actions a reply carries for `num_envs` envs acting in `spec`.
+
+    Discrete actions cross as uint8 when there are at most 256 choices (1 byte per env instead of int64's 8:
+    at tens of WAN bytes per step that is a tenth of a split's rollout), int64 beyond; continuous as float32.
+    """
+    if spec.kind == "continuous":
+        return DType.DTYPE_FLOAT32, (num_envs, spec.size)
+    return (DType.DTYPE_UINT8 if spec.size <= 256 else DType.DTYPE_INT64), (num_envs,)

@@ -22,6 +22,7 @@ from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.rpc import BadRequest
+from splitrl.core.step_ids import unpack_step_ids
 from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2, training_pb2_grpc
 
@@ -107,7 +108,7 @@ class LearnerLink:
                 activations = await self._on_compute(lambda: self.trainer.activations(request))
             except (BadRequest, wire.WireError) as error:
                 self._reject(error)
-                activations = training_pb2.Activations(request_id=request.request_id, missing_step_ids=request.step_ids)
+                activations = training_pb2.Activations(request_id=request.request_id, missing_step_ids=_named(request))
             reply = training_pb2.EdgeMessage(activations=activations)
             self.meter.sent(reply, phase="training", payload="activation")
             return reply
@@ -121,7 +122,7 @@ class LearnerLink:
                 applied = training_pb2.GradientsApplied(
                     request_id=gradients.request_id,
                     encoder_version=self.trainer.version,
-                    unknown_step_ids=max(len(gradients.step_ids), _rows(gradients.gradients)),
+                    unknown_step_ids=max(len(_named(gradients)), _rows(gradients.gradients)),
                 )
             reply = training_pb2.EdgeMessage(applied=applied)
             self.meter.sent(reply, phase="training", payload="ack")
@@ -139,3 +140,13 @@ class LearnerLink:
 def _rows(tensor: wire.Tensor) -> int:
     """Leading dimension of a tensor as declared (0 if it has none); used only to report what was skipped."""
     return int(tensor.shape[0]) if len(tensor.shape) else 0
+
+
+def _named(request: training_pb2.ActivationRequest | training_pb2.EncoderGradients) -> list[int]:
+    """The step ids a refused request named, to report them missing; none if it names none or they are malformed."""
+    if not request.HasField("steps"):
+        return []
+    try:
+        return unpack_step_ids(request.steps)
+    except BadRequest:
+        return []

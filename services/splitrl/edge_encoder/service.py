@@ -230,7 +230,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             rewards=step.rewards,
             terminated=step.terminated,
             truncated=step.truncated,
-            step_ids=step_ids,
+            first_step_id=step_ids[0],
             encoder_version=encoder_version,
         )
         return request, frames

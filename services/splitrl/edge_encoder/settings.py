@@ -6,10 +6,19 @@ from pathlib import Path
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, VideoSettings
+from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings, VideoSettings
 
 
-class EdgeEncoderSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings):
+class EncoderTrainingSettings(Settings):
+    """How the edge's encoder learns from the gradients the learner sends down (split modes); a run's group."""
+
+    encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
+    encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
+
+
+class EdgeEncoderSettings(
+    ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings, EncoderTrainingSettings
+):
     """Settings of `splitrl serve edge-encoder`. `seed` sets the encoder's initial weights: the learner's must match."""
 
     inference_address: str = Field("127.0.0.1:50052", description="host:port of inference (the edge dials out).")
@@ -24,8 +33,6 @@ class EdgeEncoderSettings(ServerSettings, EnvSettings, ModeSettings, SeedSetting
         ge=1,
         description="Steps whose frame stacks the edge keeps for training, by step id (36,864 B each at 4x96x96).",
     )
-    encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
-    encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
     checkpoint_dir: Path | None = Field(
         None,
         description="Split modes: save encoder, its optimizer and encoder version here (encoder.pt) and resume "

@@ -28,6 +28,7 @@ from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
+from splitrl.core.step_ids import unpack_step_ids
 from splitrl.v1 import training_pb2
 
 log = logging.getLogger(__name__)
@@ -124,10 +125,10 @@ class EncoderTrainer:
 
     def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
         """Split: recompute activations for the requested steps, keeping the graph for their gradients."""
-        step_ids = list(request.step_ids)
-        found, stacks = self.store.get(step_ids)
+        requested = unpack_step_ids(request.steps) if request.HasField("steps") else []
+        found, stacks = self.store.get(requested)
         held = set(found)
-        missing = [step_id for i, step_id in enumerate(step_ids) if i not in held]
+        missing = [step_id for i, step_id in enumerate(requested) if i not in held]
         if missing:
             self.metrics.unknown_step_ids.labels(request="activation").inc(len(missing))
         if stacks is None:
@@ -149,12 +150,12 @@ class EncoderTrainer:
         gradients = wire.decode_float(message.gradients)  # any float codec; NaN / Inf refused
         if gradients.dim() != 2 or gradients.shape[1] != self.encoder.width:
             raise BadRequest(f"EncoderGradients.gradients has shape {list(gradients.shape)}; expected [n, width]")
-        if message.step_ids:  # split-accumulate: recompute the forward pass from the stored stacks
-            step_ids = list(message.step_ids)
-            if len(step_ids) != gradients.shape[0]:
-                raise BadRequest(f"EncoderGradients has {len(step_ids)} step ids for {gradients.shape[0]} rows")
-            found, stacks = self.store.get(step_ids)
-            unknown = len(step_ids) - len(found)
+        if message.HasField("steps"):  # split-accumulate: recompute the forward pass from the stored stacks
+            steps = unpack_step_ids(message.steps)
+            if len(steps) != gradients.shape[0]:
+                raise BadRequest(f"EncoderGradients has {len(steps)} step ids for {gradients.shape[0]} rows")
+            found, stacks = self.store.get(steps)
+            unknown = len(steps) - len(found)
             rows = None if stacks is None else self.encoder(stacks)
             gradients = gradients[found]
         else:  # split: the graph kept when the activations were sent

@@ -142,17 +142,15 @@ class EnvironmentService(LoopService):
         if reply.sequence != sequence:
             raise ValueError(f"edge-encoder answered sequence {reply.sequence}, expected {sequence}")
         spec = self.action_spec
+        dtype, shape = codecs.action_wire(spec, n)
+        actions = wire.decode_array(reply.actions, expect_dtype=dtype, expect_shape=list(shape))
         if spec.kind == "discrete":
-            actions = wire.decode_array(reply.actions, expect_dtype=wire.DType.DTYPE_INT64, expect_shape=[n])
             if actions.min() < 0 or actions.max() >= spec.size:
                 raise ValueError(f"action outside [0, {spec.size}): {actions.tolist()}")
-            return actions
-        continuous = wire.decode_array(
-            reply.actions, expect_dtype=wire.DType.DTYPE_FLOAT32, expect_shape=[n, spec.size]
-        )
-        if not np.isfinite(continuous).all():
-            raise ValueError(f"action holds NaN or Inf: {continuous.tolist()}")
-        return np.clip(continuous, spec.low, spec.high)
+            return actions.astype(np.int64)
+        if not np.isfinite(actions).all():
+            raise ValueError(f"action holds NaN or Inf: {actions.tolist()}")
+        return np.clip(actions, spec.low, spec.high)
 
     def _record(self, info: dict, n: int) -> None:
         self.metrics.env_steps.inc(n)

@@ -54,6 +54,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
         self.model_config = settings.network_config()
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
+        self.action_dtype, _ = codecs.action_wire(self.action_spec, 1)
         self.policy = Policy(settings.mode, self.model_config, self.action_spec, settings.seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
@@ -131,7 +132,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                 decisions = await self.batcher.submit(observations)
                 response = rollout_pb2.ActResponse(
                     sequence=request.sequence,
-                    actions=wire.encode(decisions.actions),
+                    actions=wire.encode(decisions.actions, self.action_dtype),
                     policy_version=decisions.policy_version,
                 )
                 self.meter.sent(response, phase="rollout", payload="action")
@@ -201,10 +202,10 @@ class _EdgeStream:
             observations = self.video.decode(request.observations, expect_shape=list(shape))
         else:
             observations = wire.decode(request.observations, expect_dtype=dtype, expect_shape=shape)
-        if (request.step_ids and max(request.step_ids) >= 2**63) or request.encoder_version >= 2**63:
-            raise BadRequest("ActRequest.step_ids / encoder_version must be below 2**63")
         n = observations.shape[0]
-        starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated", "step_ids"))
+        if request.first_step_id + n > 2**63 or request.encoder_version >= 2**63:
+            raise BadRequest("ActRequest's step ids (first_step_id + rows) and encoder_version must be below 2**63")
+        starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated"))
         if self.stream_kind in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
@@ -224,7 +225,7 @@ class _EdgeStream:
         return self.cutter.add(
             observations,
             decisions,
-            step_ids=torch.tensor(request.step_ids, dtype=torch.int64),
+            step_ids=request.first_step_id + torch.arange(observations.shape[0], dtype=torch.int64),
             encoder_version=request.encoder_version,
             previous_rewards=torch.tensor(request.rewards, dtype=torch.float32),
             previous_terminated=torch.tensor(request.terminated, dtype=torch.bool),

@@ -24,7 +24,7 @@ from splitrl.core import wire
 from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Busy
-from splitrl.core.step_ids import MAX_PREFIX, prefix_of
+from splitrl.core.step_ids import MAX_PREFIX, pack_step_ids, prefix_of
 from splitrl.v1 import training_pb2, training_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             request_id = next(self._request_ids)
             ids = step_ids[positions].tolist()
             message = training_pb2.LearnerMessage(
-                activation_request=training_pb2.ActivationRequest(request_id=request_id, step_ids=ids)
+                activation_request=training_pb2.ActivationRequest(request_id=request_id, steps=pack_step_ids(ids))
             )
             reply = self._call(prefix, message, request_id, wait=True)
             if reply is None:
@@ -244,15 +244,20 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             message = training_pb2.LearnerMessage(
                 gradients=training_pb2.EncoderGradients(
                     request_id=request_id,
-                    step_ids=step_ids[fresh].tolist(),
+                    steps=pack_step_ids(step_ids[fresh].tolist()),
                     gradients=wire.encode_float(gradients[fresh], self.gradient_codec),
                 )
             )
             self._call(prefix, message, request_id, wait=False)
 
     def _by_prefix(self, step_ids: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Positions of `step_ids` per issuing edge's prefix, in ascending id order (so they pack small)."""
         prefixes = prefix_of(step_ids)
-        return {int(p): (prefixes == p).nonzero().squeeze(1) for p in prefixes.unique().tolist()}
+        by_prefix = {}
+        for prefix in prefixes.unique().tolist():
+            positions = (prefixes == prefix).nonzero().squeeze(1)
+            by_prefix[int(prefix)] = positions[step_ids[positions].argsort()]
+        return by_prefix
 
     def _call(
         self, prefix: int, message: training_pb2.LearnerMessage, request_id: int, *, wait: bool

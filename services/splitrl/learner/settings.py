@@ -39,6 +39,14 @@ class PPOSettings(Settings):
         le=1,
         description="split-accumulate: share of each minibatch's rows whose activation gradients go down to the edge.",
     )
+    encoder_epochs: int | None = Field(
+        None,
+        ge=1,
+        description="Split modes: the first this many epochs of each update train the encoder (split: fresh "
+        "activations up and their gradients down every minibatch; split-accumulate: gradients pushed down); "
+        "later epochs train the head alone on the newest activations the learner holds. Unset: every epoch "
+        "(the research's split). 1 cuts split's training traffic by the number of epochs.",
+    )
 
 
 class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, PPOSettings, RedialSettings):

@@ -153,10 +153,11 @@ class Trainer:
         rows = Rows.of(batch, advantages, returns, old_log_probs)
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
-        for _ in range(s.epochs):
+        for epoch in range(s.epochs):
+            train_encoder = s.encoder_epochs is None or epoch < s.encoder_epochs
             order = torch.randperm(len(rows), generator=self.generator)
             for start in range(0, len(rows), minibatch):
-                trained = self._minibatch(rows.take(order[start : start + minibatch]))
+                trained = self._minibatch(rows, order[start : start + minibatch], train_encoder)
                 if trained is not None:
                     terms.append(trained)
         return UpdateStats(
@@ -166,20 +167,27 @@ class Trainer:
             optimizer_steps=len(terms),
         )
 
-    def _minibatch(self, rows: Rows) -> LossTerms | None:
-        """One optimizer step on `rows`; returns its loss terms, or None if no row could be trained."""
+    def _minibatch(self, update: Rows, index: torch.Tensor, train_encoder: bool = True) -> LossTerms | None:
+        """One optimizer step on rows `index` of `update`; returns its loss terms, or None if no row could be
+        trained.
+
+        `train_encoder` False (split modes past `encoder_epochs`): the head trains on the newest activations
+        `update` holds for each row, and nothing crosses the WAN. In split mode the activations an encoder
+        epoch fetches are written back into `update.inputs` for those later epochs."""
         s = self.settings
-        inputs = rows.inputs
+        rows = update.take(index)
+        inputs = rows.inputs if s.mode == "cloud" else rows.inputs.float()
         ticket, leaf = None, None
-        if s.mode == "split":
+        if s.mode == "split" and train_encoder:
             assert self.edges is not None
             fetched, present, ticket = self.edges.fetch_activations(rows.step_ids)
+            update.inputs[index[present]] = fetched[present].to(update.inputs.dtype)
             leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
             rows, inputs = rows.take(present), leaf[present]
             if len(rows) == 0:
                 return None
-        elif s.mode == "split-accumulate":
-            leaf = inputs = inputs.float().requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
+        elif s.mode == "split-accumulate" and train_encoder:
+            leaf = inputs = inputs.requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
         advantages = (rows.advantages - rows.advantages.mean()) / (rows.advantages.std(unbiased=False) + 1e-8)
         distribution, new_values = self.network(inputs)
         loss = ppo_loss(
@@ -198,10 +206,10 @@ class Trainer:
         loss.total.backward()
         nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
         self.optimizer.step()
-        if s.mode == "split":
+        if s.mode == "split" and train_encoder:
             assert self.edges is not None and leaf is not None and leaf.grad is not None
             self.edges.return_gradients(ticket, leaf.grad)
-        elif s.mode == "split-accumulate":
+        elif s.mode == "split-accumulate" and train_encoder:
             assert self.edges is not None and leaf is not None and leaf.grad is not None
             chosen = torch.rand(len(rows), generator=self.generator) < s.encoder_fraction
             if bool(chosen.any()):

@@ -13,12 +13,22 @@ from pathlib import Path
 from pydantic import Field, field_validator
 
 from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode, VideoSettings
+from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
 from splitrl.learner.settings import PPOSettings
 
 
-class RunSettings(EnvSettings, ModeSettings, SeedSettings, VecEnvSettings, ChunkSettings, PPOSettings, VideoSettings):
+class RunSettings(
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    VecEnvSettings,
+    ChunkSettings,
+    PPOSettings,
+    VideoSettings,
+    EncoderTrainingSettings,
+):
     """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
 
     steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
@@ -54,6 +64,7 @@ SHARED_GROUPS: tuple[type[Settings], ...] = (
     ChunkSettings,
     PPOSettings,
     VideoSettings,
+    EncoderTrainingSettings,
 )
 
 

@@ -32,22 +32,22 @@ class EnvAction(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ActRequest(_message.Message):
-    __slots__ = ("sequence", "observations", "rewards", "terminated", "truncated", "step_ids", "encoder_version")
+    __slots__ = ("sequence", "observations", "rewards", "terminated", "truncated", "encoder_version", "first_step_id")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
-    STEP_IDS_FIELD_NUMBER: _ClassVar[int]
     ENCODER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FIRST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     observations: _tensor_pb2.Tensor
     rewards: _containers.RepeatedScalarFieldContainer[float]
     terminated: _containers.RepeatedScalarFieldContainer[bool]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
-    step_ids: _containers.RepeatedScalarFieldContainer[int]
     encoder_version: int
-    def __init__(self, sequence: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., step_ids: _Optional[_Iterable[int]] = ..., encoder_version: _Optional[int] = ...) -> None: ...
+    first_step_id: int
+    def __init__(self, sequence: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., encoder_version: _Optional[int] = ..., first_step_id: _Optional[int] = ...) -> None: ...
 
 class ActResponse(_message.Message):
     __slots__ = ("sequence", "actions", "policy_version")

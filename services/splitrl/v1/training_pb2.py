@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from splitrl.v1 import tensor_pb2 as splitrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19splitrl/v1/training.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"\x9e\x01\n\x0b\x45\x64geMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.splitrl.v1.EdgeHelloH\x00\x12.\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x17.splitrl.v1.ActivationsH\x00\x12/\n\x07\x61pplied\x18\x03 \x01(\x0b\x32\x1c.splitrl.v1.GradientsAppliedH\x00\x42\x06\n\x04kind\"\x88\x01\n\x0eLearnerMessage\x12;\n\x12\x61\x63tivation_request\x18\x01 \x01(\x0b\x32\x1d.splitrl.v1.ActivationRequestH\x00\x12\x31\n\tgradients\x18\x02 \x01(\x0b\x32\x1c.splitrl.v1.EncoderGradientsH\x00\x42\x06\n\x04kind\"\\\n\tEdgeHello\x12\x16\n\x0estep_id_prefix\x18\x01 \x01(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x02 \x01(\x04\x12\x0f\n\x07\x65\x64ge_id\x18\x03 \x01(\t\x12\r\n\x05width\x18\x04 \x01(\r\"9\n\x11\x41\x63tivationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08step_ids\x18\x02 \x03(\x04\"}\n\x0b\x41\x63tivations\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\'\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x18\n\x10missing_step_ids\x18\x03 \x03(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x04 \x01(\x04\"_\n\x10\x45ncoderGradients\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x10\n\x08step_ids\x18\x02 \x03(\x04\x12%\n\tgradients\x18\x03 \x01(\x0b\x32\x12.splitrl.v1.Tensor\"Y\n\x10GradientsApplied\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x02 \x01(\x04\x12\x18\n\x10unknown_step_ids\x18\x03 \x01(\r2S\n\x0f\x45ncoderTraining\x12@\n\x05Train\x12\x17.splitrl.v1.EdgeMessage\x1a\x1a.splitrl.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19splitrl/v1/training.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"\x9e\x01\n\x0b\x45\x64geMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.splitrl.v1.EdgeHelloH\x00\x12.\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x17.splitrl.v1.ActivationsH\x00\x12/\n\x07\x61pplied\x18\x03 \x01(\x0b\x32\x1c.splitrl.v1.GradientsAppliedH\x00\x42\x06\n\x04kind\"\x88\x01\n\x0eLearnerMessage\x12;\n\x12\x61\x63tivation_request\x18\x01 \x01(\x0b\x32\x1d.splitrl.v1.ActivationRequestH\x00\x12\x31\n\tgradients\x18\x02 \x01(\x0b\x32\x1c.splitrl.v1.EncoderGradientsH\x00\x42\x06\n\x04kind\"\\\n\tEdgeHello\x12\x16\n\x0estep_id_prefix\x18\x01 \x01(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x02 \x01(\x04\x12\x0f\n\x07\x65\x64ge_id\x18\x03 \x01(\t\x12\r\n\x05width\x18\x04 \x01(\r\"(\n\x07StepIds\x12\r\n\x05\x66irst\x18\x01 \x01(\x04\x12\x0e\n\x06\x64\x65ltas\x18\x02 \x03(\x12\"[\n\x11\x41\x63tivationRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\"\n\x05steps\x18\x03 \x01(\x0b\x32\x13.splitrl.v1.StepIdsJ\x04\x08\x02\x10\x03R\x08step_ids\"}\n\x0b\x41\x63tivations\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\'\n\x0b\x61\x63tivations\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x18\n\x10missing_step_ids\x18\x03 \x03(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x04 \x01(\x04\"\x81\x01\n\x10\x45ncoderGradients\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12%\n\tgradients\x18\x03 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\"\n\x05steps\x18\x04 \x01(\x0b\x32\x13.splitrl.v1.StepIdsJ\x04\x08\x02\x10\x03R\x08step_ids\"Y\n\x10GradientsApplied\x12\x12\n\nrequest_id\x18\x01 \x01(\x04\x12\x17\n\x0f\x65ncoder_version\x18\x02 \x01(\x04\x12\x18\n\x10unknown_step_ids\x18\x03 \x01(\r2S\n\x0f\x45ncoderTraining\x12@\n\x05Train\x12\x17.splitrl.v1.EdgeMessage\x1a\x1a.splitrl.v1.LearnerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,14 +38,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEARNERMESSAGE']._serialized_end=364
   _globals['_EDGEHELLO']._serialized_start=366
   _globals['_EDGEHELLO']._serialized_end=458
-  _globals['_ACTIVATIONREQUEST']._serialized_start=460
-  _globals['_ACTIVATIONREQUEST']._serialized_end=517
-  _globals['_ACTIVATIONS']._serialized_start=519
-  _globals['_ACTIVATIONS']._serialized_end=644
-  _globals['_ENCODERGRADIENTS']._serialized_start=646
-  _globals['_ENCODERGRADIENTS']._serialized_end=741
-  _globals['_GRADIENTSAPPLIED']._serialized_start=743
-  _globals['_GRADIENTSAPPLIED']._serialized_end=832
-  _globals['_ENCODERTRAINING']._serialized_start=834
-  _globals['_ENCODERTRAINING']._serialized_end=917
+  _globals['_STEPIDS']._serialized_start=460
+  _globals['_STEPIDS']._serialized_end=500
+  _globals['_ACTIVATIONREQUEST']._serialized_start=502
+  _globals['_ACTIVATIONREQUEST']._serialized_end=593
+  _globals['_ACTIVATIONS']._serialized_start=595
+  _globals['_ACTIVATIONS']._serialized_end=720
+  _globals['_ENCODERGRADIENTS']._serialized_start=723
+  _globals['_ENCODERGRADIENTS']._serialized_end=852
+  _globals['_GRADIENTSAPPLIED']._serialized_start=854
+  _globals['_GRADIENTSAPPLIED']._serialized_end=943
+  _globals['_ENCODERTRAINING']._serialized_start=945
+  _globals['_ENCODERTRAINING']._serialized_end=1028
 # @@protoc_insertion_point(module_scope)

@@ -37,13 +37,21 @@ class EdgeHello(_message.Message):
     width: int
     def __init__(self, step_id_prefix: _Optional[int] = ..., encoder_version: _Optional[int] = ..., edge_id: _Optional[str] = ..., width: _Optional[int] = ...) -> None: ...
 
+class StepIds(_message.Message):
+    __slots__ = ("first", "deltas")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    DELTAS_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    deltas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, first: _Optional[int] = ..., deltas: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ActivationRequest(_message.Message):
-    __slots__ = ("request_id", "step_ids")
+    __slots__ = ("request_id", "steps")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    STEP_IDS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
-    step_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, request_id: _Optional[int] = ..., step_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    steps: StepIds
+    def __init__(self, request_id: _Optional[int] = ..., steps: _Optional[_Union[StepIds, _Mapping]] = ...) -> None: ...
 
 class Activations(_message.Message):
     __slots__ = ("request_id", "activations", "missing_step_ids", "encoder_version")
@@ -58,14 +66,14 @@ class Activations(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., activations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., missing_step_ids: _Optional[_Iterable[int]] = ..., encoder_version: _Optional[int] = ...) -> None: ...
 
 class EncoderGradients(_message.Message):
-    __slots__ = ("request_id", "step_ids", "gradients")
+    __slots__ = ("request_id", "gradients", "steps")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
-    STEP_IDS_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
-    step_ids: _containers.RepeatedScalarFieldContainer[int]
     gradients: _tensor_pb2.Tensor
-    def __init__(self, request_id: _Optional[int] = ..., step_ids: _Optional[_Iterable[int]] = ..., gradients: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    steps: StepIds
+    def __init__(self, request_id: _Optional[int] = ..., gradients: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., steps: _Optional[_Union[StepIds, _Mapping]] = ...) -> None: ...
 
 class GradientsApplied(_message.Message):
     __slots__ = ("request_id", "encoder_version", "unknown_step_ids")
