@@ -83,6 +83,7 @@ def test_row_names_say_what_crossed_the_wan():
     assert row_name(split)[0] == "split fp8 w256"
     assert row_name({**split, "gradient_codec": "bf16"})[0] == "split fp8 w256 grad bf16"
     assert row_name({"mode": "cloud", "codec": "h264", "video_crf": 18})[0] == "cloud h264 crf18"
+    assert row_name({**split, "encoder_epochs": 1})[0] == "split fp8 w256 e1"
 
 
 def test_runs_give_per_step_bytes_numbers_and_the_final_return(study):
@@ -180,6 +181,14 @@ def test_matrix_is_cloud_codecs_then_split_modes_x_codecs_x_widths():
         ("fp8", 256, "int8"),
     ]
     assert len({c.slug for c in configs}) == len(configs)  # every run gets its own directory
+    by_epochs = matrix(settings.model_copy(update={"modes": ["split"], "widths": [32], "encoder_epochs": [1, 4]}))
+    assert [(c.codec, c.encoder_epochs, c.up_flags()["encoder_epochs"]) for c in by_epochs] == [
+        ("bf16", 1, 1),
+        ("bf16", 4, 4),
+        ("fp8", 1, 1),
+        ("fp8", 4, 4),
+    ]
+    assert len({c.slug for c in by_epochs}) == len(by_epochs)
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,17 @@ def test_eval_settings_refuse_a_file_that_is_not_a_video():
             "split:int8:layernorm",
             {"mode": "split", "activation_codec": "int8", "gradient_codec": "int8", "bottleneck": "layernorm"},
         ),
+        (
+            "split:int4+zstd:w32:e1:layernorm",
+            {
+                "mode": "split",
+                "activation_codec": "int4+zstd",
+                "gradient_codec": "int4+zstd",
+                "width": 32,
+                "encoder_epochs": 1,
+                "bottleneck": "layernorm",
+            },
+        ),
     ],
 )
 def test_learning_rows_become_up_flags(spec, flags):
@@ -80,6 +91,7 @@ def test_learning_rows_become_up_flags(spec, flags):
 
 BAD_ROWS = [
     "sideways:h264", "cloud:h264:32", "split:int8:w32:extra", "split:int8:w32:relu:w8", "cloud:int8", "split:h264",
+    "cloud:h264:e1", "split:e0", "split:int4:int8", "split:int8:w32:e1:relu:e2",
 ]  # fmt: skip
 
 

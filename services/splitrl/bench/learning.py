@@ -18,20 +18,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any
 
 from splitrl.bench.segments import Budget, run_segments
-from splitrl.bench.settings import LearningBenchSettings
+from splitrl.bench.settings import LearningBenchSettings, row_flags
 from splitrl.core.args import load_config, to_argv
-from splitrl.core.spec import Bottleneck
 from splitrl.run import files as run_dir_files
 from splitrl.run.summary import mean_return_between
 
 
 @dataclass(frozen=True)
 class Row:
-    """One row: a mode, its codec (cloud: observation codec; split: activation and gradient codec), a width and
-    a bottleneck (each optional: the recipe's otherwise)."""
+    """One row: a mode, its codec (cloud: observation codec; split: activation and gradient codec), a width,
+    encoder epochs and a bottleneck (each optional: the recipe's otherwise); see `row_flags`."""
 
     spec: str
 
@@ -40,18 +39,7 @@ class Row:
         return self.spec.replace(":", "_").replace("+", "-")
 
     def up_flags(self) -> dict[str, Any]:
-        mode, *rest = self.spec.split(":")
-        flags: dict[str, Any] = {"mode": mode}
-        for part in rest:
-            if part.startswith("w") and part[1:].isdigit():
-                flags["width"] = int(part[1:])
-            elif part in get_args(Bottleneck):
-                flags["bottleneck"] = part
-            elif mode == "cloud":
-                flags["codec"] = part
-            else:
-                flags["activation_codec"] = flags["gradient_codec"] = part
-        return flags
+        return row_flags(self.spec)
 
 
 def _splitrl(*args: str) -> list[str]:

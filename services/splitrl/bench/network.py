@@ -34,6 +34,7 @@ class Config:
     width: int
     gradient_codec: str
     video_crf: int | None = None  # cloud h264 rows only
+    encoder_epochs: int | None = None  # split rows: None trains the encoder in every epoch
 
     @property
     def slug(self) -> str:
@@ -42,6 +43,8 @@ class Config:
             parts.append(f"crf{self.video_crf}")
         if self.mode != "cloud":
             parts += [f"w{self.width}", "g" + self.gradient_codec.replace("+", "-")]
+        if self.encoder_epochs is not None:
+            parts.append(f"e{self.encoder_epochs}")
         return "_".join(parts)
 
     def up_flags(self) -> dict[str, Any]:
@@ -53,12 +56,13 @@ class Config:
             "activation_codec": self.codec,
             "gradient_codec": self.gradient_codec,
             "width": self.width,
+            "encoder_epochs": self.encoder_epochs,
         }
 
 
 def matrix(settings: NetworkBenchSettings) -> list[Config]:
     """Cloud rows first (one per observation codec, h264 once per CRF), then each split mode x activation
-    codec x width."""
+    codec x width (x encoder epochs, if given)."""
     configs: list[Config] = []
     for mode in settings.modes:
         if mode == "cloud":
@@ -68,7 +72,11 @@ def matrix(settings: NetworkBenchSettings) -> list[Config]:
             continue
         for codec in settings.activation_codecs:
             gradient = codec if settings.gradient_codec == "same" else settings.gradient_codec
-            configs += [Config(mode, codec, width, gradient) for width in settings.widths]
+            configs += [
+                Config(mode, codec, width, gradient, encoder_epochs=epochs)
+                for width in settings.widths
+                for epochs in settings.encoder_epochs or [None]
+            ]
     return configs
 
 

@@ -61,6 +61,11 @@ class NetworkBenchSettings(EnvSettings, Settings):
     unroll_length: int = Field(32, ge=1, description="Steps per trajectory chunk.")
     chunks_per_update: int = Field(16, ge=1, description="Learner: trajectory chunks per PPO update.")
     epochs: int = Field(4, ge=1, description="Learner: epochs per update (the research used 10).")
+    encoder_epochs: CommaList[Annotated[int, Field(ge=1)]] = Field(
+        [],
+        description="Split rows: comma-separated --encoder-epochs, each a row of its own (none: the encoder "
+        "trains in every epoch).",
+    )
     minibatches: int = Field(4, ge=1, description="Learner: minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Learner: Adam learning rate.")
     return_window: float = Field(
@@ -128,22 +133,42 @@ class ThroughputBenchSettings(EnvSettings, SeedSettings, VecEnvSettings, ChunkSe
         return value
 
 
-def _row_spec(value: str) -> str:
-    """MODE[:CODEC][:wWIDTH][:BOTTLENECK] with values splitrl up takes; ValueError quoting the row."""
-    mode, *rest = value.split(":")
-    if mode not in get_args(Mode) or len(rest) > 3:
+def row_flags(spec: str) -> dict[str, Any]:
+    """A learning row MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK] as the `splitrl up` settings it overrides:
+    CODEC is cloud's observation codec or split modes' activation and gradient codec, EPOCHS the split modes'
+    encoder_epochs. ValueError quoting the row if a part is none of them."""
+    mode, *rest = spec.split(":")
+    if mode not in get_args(Mode) or len(rest) > 4:
         raise ValueError(
-            f"row {value!r}: expected MODE[:CODEC][:wWIDTH][:BOTTLENECK], e.g. cloud:h264 or "
-            "split-accumulate:int4:w32:layernorm"
+            f"row {spec!r}: expected MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK], e.g. cloud:h264 or "
+            "split:int4:w32:e1:layernorm"
         )
     codecs = get_args(ObservationCodec) if mode == "cloud" else get_args(FloatCodec)
+    flags: dict[str, Any] = {"mode": mode}
     for part in rest:
-        width = part.startswith("w") and part[1:].isdigit() and int(part[1:]) >= 1
-        if not (part in codecs or width or part in get_args(Bottleneck)):
+        number = int(part[1:]) if part[1:].isdigit() else 0
+        if part.startswith("w") and number >= 1 and "width" not in flags:
+            flags["width"] = number
+        elif part.startswith("e") and number >= 1 and mode != "cloud" and "encoder_epochs" not in flags:
+            flags["encoder_epochs"] = number
+        elif part in get_args(Bottleneck) and "bottleneck" not in flags:
+            flags["bottleneck"] = part
+        elif part in codecs and "codec" not in flags and "activation_codec" not in flags:
+            if mode == "cloud":
+                flags["codec"] = part
+            else:
+                flags["activation_codec"] = flags["gradient_codec"] = part
+        else:
             raise ValueError(
-                f"row {value!r}: {part!r} is neither a {mode} codec ({', '.join(codecs)}), wWIDTH nor a bottleneck "
-                f"({', '.join(get_args(Bottleneck))})"
+                f"row {spec!r}: {part!r} is not a {mode} codec ({', '.join(codecs)}), wWIDTH, "
+                f"{'' if mode == 'cloud' else 'eEPOCHS, '}or a bottleneck ({', '.join(get_args(Bottleneck))}), "
+                "or it is given twice"
             )
+    return flags
+
+
+def _row_spec(value: str) -> str:
+    row_flags(value)
     return value
 
 
@@ -153,12 +178,14 @@ class LearningBenchSettings(Settings):
 
     config: Path = Field(
         Path("configs/carracing.yaml"),
-        description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codec, width.",
+        description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codecs, "
+        "width, encoder epochs and bottleneck.",
     )
     rows: CommaList[Annotated[str, AfterValidator(_row_spec)]] = Field(
         ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
-        description="Comma-separated MODE[:CODEC][:wWIDTH][:BOTTLENECK]: CODEC is cloud's observation codec or "
-        "split modes' activation (and gradient) codec; WIDTH the encoder width; BOTTLENECK relu or layernorm.",
+        description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK]: CODEC is cloud's observation "
+        "codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS the split modes' "
+        "--encoder-epochs; BOTTLENECK relu or layernorm.",
     )
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
     frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")
