@@ -70,12 +70,13 @@ def matrix(settings: NetworkBenchSettings) -> list[Config]:
                 crfs: list[int | None] = list(settings.video_crfs) if observation_codec == "h264" else [None]
                 configs += [Config("cloud", observation_codec, settings.width, "-", crf) for crf in crfs]
             continue
+        encoder_epochs: list[int | None] = list(settings.encoder_epochs) or [None]
         for codec in settings.activation_codecs:
             gradient = codec if settings.gradient_codec == "same" else settings.gradient_codec
             configs += [
                 Config(mode, codec, width, gradient, encoder_epochs=epochs)
                 for width in settings.widths
-                for epochs in settings.encoder_epochs or [None]
+                for epochs in encoder_epochs
             ]
     return configs
 
