@@ -198,3 +198,17 @@ def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
         assert torch.equal(value, saved[name]), name
     assert restarted.optimizer.state_dict()["state"][0]["step"] == 3
     assert not path.with_suffix(".tmp").exists()
+
+
+def test_an_encoder_that_never_stepped_is_still_saved_at_shutdown(tmp_path):
+    """A frozen encoder (--encoder-fraction 0) takes no step; eval and a resumed edge still need its weights."""
+    path = tmp_path / "encoder.pt"
+    trainer = EncoderTrainer(
+        Encoder(4, 36, WIDTH), ObservationStore(10), Metrics(CollectorRegistry()), learning_rate=1e-3,
+        max_grad_norm=0.5, checkpoint_path=path,
+    )  # fmt: skip
+    trainer.save_checkpoint()
+    assert path.exists()
+    modified = path.stat().st_mtime_ns
+    trainer.save_checkpoint()  # nothing new: not written again
+    assert path.stat().st_mtime_ns == modified

@@ -97,12 +97,15 @@ class EncoderTrainer:
         self.version = 0
         self._graphs: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
-        self._saved_version = 0
+        self._saved_version: int | None = None  # none yet: even an encoder that never trained is saved
         if checkpoint_path is not None:
             self._restore(checkpoint_path)
 
     def save_checkpoint(self) -> None:
-        """Save encoder, optimizer and version if there is a path and anything new to save (compute thread)."""
+        """Save encoder, optimizer and version if there is a path and anything new to save (compute thread).
+
+        The first call always saves, so a run whose encoder never stepped (`--encoder-fraction 0`: a frozen
+        encoder) still leaves the weights `splitrl eval` and a resumed edge need."""
         if self.checkpoint_path is None or self.version == self._saved_version:
             return
         state = {
