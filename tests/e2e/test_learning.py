@@ -13,9 +13,9 @@ And the narrow, cheap codecs of the bytes frontier:
   cloud --codec h264 (crf 23)                         +0.89 over the last 4k of 36k steps;
   split-accumulate --width 32, int4 both ways         leaves random play at ~50-56k steps; +0.52 over 72-80k and
                                                       +0.80 over the last 4k of 84k (one run, 214 s);
-  split --width 32 --bottleneck layernorm, int4 both ways, --encoder-epochs 1 (the encoder trains in the first
-                                                      epoch only): leaves random play at ~20-24k steps; +0.84 over
-                                                      32-36k, +0.96 over 52-56k (one run, 116 s for 60k).
+  split --width 32 --bottleneck layernorm, int4 both ways, --encoder-epochs 1 (the encoder trains in the last
+                                                      epoch only): leaves random play at ~12-16k steps; +0.75 over
+                                                      28-32k, +0.89 over 40-44k (one run, 113 s for 60k).
 Each test runs past that onset: the first WINDOW_STEPS env steps must score near
 random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
 what was measured).

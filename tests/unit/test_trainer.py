@@ -95,7 +95,7 @@ def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
     assert not set(pushed_ids.tolist()) & {HORIZON, 2 * HORIZON + 1}  # bootstrap steps are never trained
 
 
-def test_split_accumulate_sends_gradients_down_only_in_its_first_encoder_epochs():
+def test_split_accumulate_sends_gradients_down_only_in_its_last_encoder_epochs():
     """encoder_epochs=1, fraction 1: every row's gradient goes down exactly once per update; the head still
     trains every epoch."""
     settings = LearnerSettings(
@@ -105,7 +105,7 @@ def test_split_accumulate_sends_gradients_down_only_in_its_first_encoder_epochs(
     network = cloud_network("split-accumulate", MODEL, SPEC)
     activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
     stats = Trainer(network, settings, edges).update(batch(activations))
-    assert stats.optimizer_steps == 6 and len(edges.pushed) == 2  # one push per minibatch of the first epoch
+    assert stats.optimizer_steps == 6 and len(edges.pushed) == 2  # one push per minibatch of the last epoch
     pushed_ids = torch.cat([ids for ids, _ in edges.pushed]).tolist()
     assert sorted(pushed_ids) == sorted(set(pushed_ids)) and len(pushed_ids) == CHUNKS * HORIZON
 
@@ -142,8 +142,10 @@ class InputRecorder(torch.nn.Module):
         return self.head(inputs)
 
 
-@pytest.mark.parametrize(("encoder_epochs", "exchanges"), [(None, 6), (1, 2)])
-def test_split_exchanges_with_the_edge_only_in_encoder_epochs_then_trains_on_what_it_fetched(encoder_epochs, exchanges):
+@pytest.mark.parametrize(("encoder_epochs", "exchanges"), [(None, 6), (1, 2), (2, 4)])
+def test_split_trains_the_head_on_stored_activations_then_exchanges_with_the_edge_in_its_last_encoder_epochs(
+    encoder_epochs, exchanges
+):
     settings = LearnerSettings(mode="split", tls="plaintext", epochs=3, minibatches=2, encoder_epochs=encoder_epochs)
     edges = FreshEdges()
     network = InputRecorder(cloud_network("split", MODEL, SPEC))
@@ -151,7 +153,9 @@ def test_split_exchanges_with_the_edge_only_in_encoder_epochs_then_trains_on_wha
     stats = Trainer(network, settings, edges).update(batch(stored))
     assert stats.optimizer_steps == 6
     assert len(edges.fetched) == len(edges.returned) == exchanges
-    assert set(torch.cat(edges.fetched[:2]).tolist()) == set(range(CHUNKS * (HORIZON + 1))) - {
+    assert set(torch.cat(edges.fetched[-2:]).tolist()) == set(range(CHUNKS * (HORIZON + 1))) - {
         (chunk + 1) * (HORIZON + 1) - 1 for chunk in range(CHUNKS)
-    }  # the first epoch asks for every row once (never a chunk's bootstrap step)
-    assert all(bool((inputs == 7.0).all()) for inputs in network.inputs)  # every epoch: the edge's activations
+    }  # the last epoch asks for every row once (never a chunk's bootstrap step)
+    head_only = 2 * (3 - (encoder_epochs or 3))  # forward passes before the encoder epochs
+    assert all(bool((inputs == 0.0).all()) for inputs in network.inputs[:head_only])  # the rollout's activations
+    assert all(bool((inputs == 7.0).all()) for inputs in network.inputs[head_only:])  # the edge's fresh ones

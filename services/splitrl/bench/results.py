@@ -70,7 +70,7 @@ def row_name(settings: dict[str, Any]) -> tuple[str, str, int, str]:
     gradient = settings.get("gradient_codec", "bf16")
     label = f"{mode} {codec} w{width}" + ("" if gradient == codec else f" grad {gradient}")
     if settings.get("encoder_epochs") is not None:
-        label += f" e{settings['encoder_epochs']}"  # the encoder trains in only the first epochs of each update
+        label += f" e{settings['encoder_epochs']}"  # the encoder trains in only the last epochs of each update
     return label, codec, width, gradient
 
 

@@ -42,10 +42,11 @@ class PPOSettings(Settings):
     encoder_epochs: int | None = Field(
         None,
         ge=1,
-        description="Split modes: the first this many epochs of each update train the encoder (split: fresh "
+        description="Split modes: the last this many epochs of each update train the encoder (split: fresh "
         "activations up and their gradients down every minibatch; split-accumulate: gradients pushed down); "
-        "later epochs train the head alone on the newest activations the learner holds. Unset: every epoch "
-        "(the research's split). 1 cuts split's training traffic by the number of epochs.",
+        "earlier epochs train the head alone on the activations it holds, so it ends each update fitted to the "
+        "encoder it will act with. Unset: every epoch (the research's split). 1 cuts split's training traffic "
+        "by the number of epochs.",
     )
 
 

@@ -154,7 +154,7 @@ class Trainer:
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
         for epoch in range(s.epochs):
-            train_encoder = s.encoder_epochs is None or epoch < s.encoder_epochs
+            train_encoder = s.encoder_epochs is None or epoch >= s.epochs - s.encoder_epochs
             order = torch.randperm(len(rows), generator=self.generator)
             for start in range(0, len(rows), minibatch):
                 trained = self._minibatch(rows, order[start : start + minibatch], train_encoder)
@@ -171,9 +171,10 @@ class Trainer:
         """One optimizer step on rows `index` of `update`; returns its loss terms, or None if no row could be
         trained.
 
-        `train_encoder` False (split modes past `encoder_epochs`): the head trains on the newest activations
-        `update` holds for each row, and nothing crosses the WAN. In split mode the activations an encoder
-        epoch fetches are written back into `update.inputs` for those later epochs."""
+        `train_encoder` False (split modes, before the last `encoder_epochs`): the head trains on the newest
+        activations `update` holds for each row (the rollout's, or those an encoder epoch fetched), and nothing
+        crosses the WAN. In split mode the activations an encoder epoch fetches are written back into
+        `update.inputs`."""
         s = self.settings
         rows = update.take(index)
         inputs = rows.inputs if s.mode == "cloud" else rows.inputs.float()
