@@ -7,9 +7,10 @@ the edge's encoder takes optimizer steps from the gradients sent down. If a few 
 about their own norm, the head is fitted to features the encoder no longer produces.
 
 Frames: `--frames` agent steps of CarRacing-v3 through splitrl's make_env (discrete, action repeat 4, gray
-96x96, 4 stacked), mostly gas with random actions between. Each setting starts from the same seed weights; every step backpropagates
-the same random gradient direction (a consistent signal, as a PPO update's is within one update) with the
-edge's own clip (0.5). Reported: mean over frames of |features after - before| / |features before|.
+96x96, 4 stacked), mostly gas with random actions between. Each setting starts from the same seed weights;
+every step backpropagates the same random gradient direction (a consistent signal, as a PPO update's is
+within one update) with the edge's own clip (0.5). Reported: the mean over frames of
+|features after - features before| / |features before|.
 """
 
 from __future__ import annotations

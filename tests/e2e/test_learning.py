@@ -48,8 +48,10 @@ RUNS: dict[str, tuple[int, list[str]]] = {
     ),
     "split-w32-int4-e1": (
         40_000,
-        ["--mode", "split", "--width", "32", "--bottleneck", "layernorm", "--encoder-epochs", "1"]
-        + ["--activation-codec", "int4", "--gradient-codec", "int4"],
+        [
+            *("--mode", "split", "--width", "32", "--bottleneck", "layernorm", "--encoder-epochs", "1"),
+            *("--activation-codec", "int4", "--gradient-codec", "int4"),
+        ],
     ),
 }
 

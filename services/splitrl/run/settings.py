@@ -55,17 +55,9 @@ class RunSettings(
     )
 
 
-#: The groups a run shares with services: `plan` copies exactly these fields to each service that has the group.
-SHARED_GROUPS: tuple[type[Settings], ...] = (
-    EnvSettings,
-    ModeSettings,
-    SeedSettings,
-    VecEnvSettings,
-    ChunkSettings,
-    PPOSettings,
-    VideoSettings,
-    EncoderTrainingSettings,
-)
+#: The groups a run shares with services (RunSettings' bases): `plan` copies exactly these fields to each service
+#: that has the group.
+SHARED_GROUPS: tuple[type[Settings], ...] = RunSettings.__bases__
 
 
 EVAL_SEED_BASE = 1_000_000_000
