@@ -16,7 +16,7 @@ from splitrl.core import scrape
 
 pytestmark = pytest.mark.e2e
 
-STEPS = 4000
+STEPS = 8000  # leaves a restarted learner time to train before the run ends, even on a busy machine
 FAST = [
     "--env", "splitrl/Catch-v0", "--frame-size", "36", "--width", "256", "--chunks-per-update", "4",
     "--tls", "plaintext", "--progress-interval-s", "0.5",
