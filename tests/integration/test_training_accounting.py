@@ -2,8 +2,9 @@
 
 The prediction is the research's (docs/design.md §1): the naive split moves
 activations up and gradients down for every sample of every epoch,
-2 directions x epochs x width bf16 numbers per sample; split-accumulate moves
-gradients down for `encoder_fraction` of them only; cloud moves nothing.
+2 directions x epochs x width bf16 numbers per sample, or a sampled `encoder_fraction`
+of them; split-accumulate moves gradients down for `encoder_fraction` of them only
+(0.25 unless set); cloud moves nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ LEARNER = {
     "epochs": 3,
     "minibatches": 2,
     "max_updates": 2,
-    "encoder_fraction": 0.25,
 }
+#: split-accumulate's default encoder_fraction.
+ACCUMULATE_FRACTION = 0.25
 TRAINED_SAMPLES = LEARNER["max_updates"] * LEARNER["chunks_per_update"] * UNROLL
 #: Bytes the talk's naive split moves per trained sample: activations up + gradients down, every epoch, bf16.
 SPLIT_BYTES_PER_SAMPLE = 2 * LEARNER["epochs"] * WIDTH * 2
@@ -56,7 +58,7 @@ def test_training_traffic_matches_the_mode(trained):
     if mode == "split":
         assert sent == pytest.approx(predicted_split, rel=0.05), f"{sent} B vs predicted {predicted_split} B"
     else:
-        assert 0 < sent <= LEARNER["encoder_fraction"] * predicted_split, f"{sent} B vs {predicted_split} B"
+        assert 0 < sent <= ACCUMULATE_FRACTION * predicted_split, f"{sent} B vs {predicted_split} B"
         assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_updates_total") > 0
 
 
@@ -133,5 +135,20 @@ async def test_quantized_codecs_halve_the_naive_split_training_traffic_and_still
         assert sent == pytest.approx(predicted, rel=0.05), f"{sent} B vs predicted {predicted} B"
         assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") > 0
         assert scrape.total([texts["learner"]], "splitrl_rejected_requests_total") == 0
+    finally:
+        await stack.stop()
+
+
+async def test_an_encoder_fraction_cuts_the_naive_split_training_traffic_by_that_share():
+    # 2 updates x 3 epochs x 32 rows = 192 draws at 0.5: the share sent is 0.5 +- 0.036 (one sd).
+    stack = await Stack.start(
+        "split", num_envs=2, steps=0, unroll_length=UNROLL, width=WIDTH, learner={**LEARNER, "encoder_fraction": 0.5}
+    )
+    try:
+        await stack.wait_learner_done()
+        texts = stack.scrape()
+        share = training_wan_bytes(texts) / (TRAINED_SAMPLES * SPLIT_BYTES_PER_SAMPLE)
+        assert 0.35 < share < 0.65, f"sent {share:.2f} of the naive split's training bytes at encoder_fraction 0.5"
+        assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") > 0
     finally:
         await stack.stop()

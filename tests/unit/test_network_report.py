@@ -84,6 +84,7 @@ def test_row_names_say_what_crossed_the_wan():
     assert row_name({**split, "gradient_codec": "bf16"})[0] == "split fp8 w256 grad bf16"
     assert row_name({"mode": "cloud", "codec": "h264", "video_crf": 18})[0] == "cloud h264 crf18"
     assert row_name({**split, "encoder_epochs": 1})[0] == "split fp8 w256 e1"
+    assert row_name({**split, "encoder_epochs": 1, "encoder_fraction": 0.5})[0] == "split fp8 w256 e1 f0.5"
 
 
 def test_runs_give_per_step_bytes_numbers_and_the_final_return(study):

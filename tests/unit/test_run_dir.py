@@ -82,6 +82,17 @@ def test_eval_settings_refuse_a_file_that_is_not_a_video():
                 "bottleneck": "layernorm",
             },
         ),
+        (
+            "split:int4:e1:f0.5",
+            {
+                "mode": "split",
+                "activation_codec": "int4",
+                "gradient_codec": "int4",
+                "encoder_epochs": 1,
+                "encoder_fraction": 0.5,
+            },
+        ),
+        ("split-accumulate:f0", {"mode": "split-accumulate", "encoder_fraction": 0.0}),
     ],
 )
 def test_learning_rows_become_up_flags(spec, flags):
@@ -91,7 +102,8 @@ def test_learning_rows_become_up_flags(spec, flags):
 
 BAD_ROWS = [
     "sideways:h264", "cloud:h264:32", "split:int8:w32:extra", "split:int8:w32:relu:w8", "cloud:int8", "split:h264",
-    "cloud:h264:e1", "split:e0", "split:int4:int8", "split:int8:w32:e1:relu:e2",
+    "cloud:h264:e1", "split:e0", "split:int4:int8", "split:int8:w32:e1:relu:e2", "cloud:f0.5", "split:f1.5",
+    "split:fhalf", "split:f0.5:f0.25",
 ]  # fmt: skip
 
 

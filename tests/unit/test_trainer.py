@@ -159,3 +159,40 @@ def test_split_trains_the_head_on_stored_activations_then_exchanges_with_the_edg
     head_only = 2 * (3 - (encoder_epochs or 3))  # forward passes before the encoder epochs
     assert all(bool((inputs == 0.0).all()) for inputs in network.inputs[:head_only])  # the rollout's activations
     assert all(bool((inputs == 7.0).all()) for inputs in network.inputs[head_only:])  # the edge's fresh ones
+
+
+def test_split_with_an_encoder_fraction_fetches_a_share_of_rows_and_trains_the_rest_on_stored_activations():
+    """encoder_fraction 0.5: about half of each minibatch's rows cross the WAN (up and down); every row still
+    trains the head, the drawn ones on the edge's fresh activations, the others on the rollout's."""
+    settings = LearnerSettings(mode="split", tls="plaintext", epochs=2, minibatches=2, encoder_fraction=0.5)
+    edges = FreshEdges()
+    network = InputRecorder(cloud_network("split", MODEL, SPEC))
+    stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
+    stats = Trainer(network, settings, edges).update(batch(stored))
+    assert stats.optimizer_steps == 4 and len(edges.fetched) == len(edges.returned) == 4
+    fetched = sum(len(ids) for ids in edges.fetched)
+    assert 0.25 < fetched / (2 * CHUNKS * HORIZON) < 0.75
+    assert [len(gradients) for gradients in edges.returned] == [len(ids) for ids in edges.fetched]
+    assert all(bool(gradients.abs().sum(dim=1).gt(0).all()) for gradients in edges.returned)  # every drawn row
+    rows_read = sum(len(inputs) for inputs in network.inputs)
+    fresh = [int((inputs == 7.0).all(dim=1).sum()) for inputs in network.inputs]
+    stale = [int((inputs == 0.0).all(dim=1).sum()) for inputs in network.inputs]
+    assert rows_read == 2 * CHUNKS * HORIZON  # no row is left out of the head's training
+    assert fresh[:2] == [len(ids) for ids in edges.fetched[:2]] and sum(fresh) + sum(stale) == rows_read
+    assert sum(fresh[2:]) >= sum(len(ids) for ids in edges.fetched[2:])  # the second epoch also reads written-back rows
+
+
+def test_split_leaves_out_a_drawn_row_the_edge_no_longer_holds():
+    class ForgetfulEdges(FreshEdges):
+        def fetch_activations(self, step_ids):
+            fetched, present, ticket = super().fetch_activations(step_ids)
+            present[::2] = False
+            fetched[~present] = 0.0
+            return fetched, present, ticket
+
+    settings = LearnerSettings(mode="split", tls="plaintext", epochs=1, minibatches=1)
+    network = InputRecorder(cloud_network("split", MODEL, SPEC))
+    stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
+    Trainer(network, settings, ForgetfulEdges()).update(batch(stored))
+    (inputs,) = network.inputs
+    assert len(inputs) == CHUNKS * HORIZON // 2 and bool((inputs == 7.0).all())

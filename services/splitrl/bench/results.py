@@ -71,6 +71,8 @@ def row_name(settings: dict[str, Any]) -> tuple[str, str, int, str]:
     label = f"{mode} {codec} w{width}" + ("" if gradient == codec else f" grad {gradient}")
     if settings.get("encoder_epochs") is not None:
         label += f" e{settings['encoder_epochs']}"  # the encoder trains in only the last epochs of each update
+    if settings.get("encoder_fraction") is not None:
+        label += f" f{settings['encoder_fraction']:g}"  # the share of rows that train the encoder
     return label, codec, width, gradient
 
 

@@ -134,14 +134,15 @@ class ThroughputBenchSettings(EnvSettings, SeedSettings, VecEnvSettings, ChunkSe
 
 
 def row_flags(spec: str) -> dict[str, Any]:
-    """A learning row MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK] as the `splitrl up` settings it overrides:
-    CODEC is cloud's observation codec or split modes' activation and gradient codec, EPOCHS the split modes'
-    encoder_epochs. ValueError quoting the row if a part is none of them."""
+    """A learning row MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK] as the `splitrl up` settings it
+    overrides: CODEC is cloud's observation codec or split modes' activation and gradient codec, EPOCHS and
+    FRACTION the split modes' encoder_epochs and encoder_fraction. ValueError quoting the row if a part is none
+    of them."""
     mode, *rest = spec.split(":")
-    if mode not in get_args(Mode) or len(rest) > 4:
+    if mode not in get_args(Mode) or len(rest) > 5:
         raise ValueError(
-            f"row {spec!r}: expected MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK], e.g. cloud:h264 or "
-            "split:int4:w32:e1:layernorm"
+            f"row {spec!r}: expected MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK], e.g. cloud:h264 or "
+            "split:int4:w32:e1:f0.5:layernorm"
         )
     codecs = get_args(ObservationCodec) if mode == "cloud" else get_args(FloatCodec)
     flags: dict[str, Any] = {"mode": mode}
@@ -151,6 +152,10 @@ def row_flags(spec: str) -> dict[str, Any]:
             flags["width"] = number
         elif part.startswith("e") and number >= 1 and mode != "cloud" and "encoder_epochs" not in flags:
             flags["encoder_epochs"] = number
+        elif part.startswith("f") and mode != "cloud" and "encoder_fraction" not in flags:
+            if (fraction := _fraction(part[1:])) is None:
+                raise ValueError(f"row {spec!r}: {part!r} is not fFRACTION with FRACTION in [0, 1], e.g. f0.5")
+            flags["encoder_fraction"] = fraction
         elif part in get_args(Bottleneck) and "bottleneck" not in flags:
             flags["bottleneck"] = part
         elif part in codecs and "codec" not in flags and "activation_codec" not in flags:
@@ -161,10 +166,19 @@ def row_flags(spec: str) -> dict[str, Any]:
         else:
             raise ValueError(
                 f"row {spec!r}: {part!r} is not a {mode} codec ({', '.join(codecs)}), wWIDTH, "
-                f"{'' if mode == 'cloud' else 'eEPOCHS, '}or a bottleneck ({', '.join(get_args(Bottleneck))}), "
-                "or it is given twice"
+                f"{'' if mode == 'cloud' else 'eEPOCHS, fFRACTION, '}"
+                f"or a bottleneck ({', '.join(get_args(Bottleneck))}), or it is given twice"
             )
     return flags
+
+
+def _fraction(text: str) -> float | None:
+    """`text` as a share in [0, 1], or None if it is not one."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0 <= value <= 1 else None
 
 
 def _row_spec(value: str) -> str:
@@ -179,13 +193,13 @@ class LearningBenchSettings(Settings):
     config: Path = Field(
         Path("configs/carracing.yaml"),
         description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codecs, "
-        "width, encoder epochs and bottleneck.",
+        "width, encoder epochs and fraction, and bottleneck.",
     )
     rows: CommaList[Annotated[str, AfterValidator(_row_spec)]] = Field(
         ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
-        description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:BOTTLENECK]: CODEC is cloud's observation "
-        "codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS the split modes' "
-        "--encoder-epochs; BOTTLENECK relu or layernorm.",
+        description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK]: CODEC is cloud's "
+        "observation codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS and "
+        "FRACTION the split modes' --encoder-epochs and --encoder-fraction; BOTTLENECK relu or layernorm.",
     )
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
     frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")

@@ -33,11 +33,14 @@ class PPOSettings(Settings):
     correction: Literal["gae", "vtrace"] = Field(
         "gae", description="Advantages: GAE on behaviour values (PPO), or V-trace off-policy correction."
     )
-    encoder_fraction: float = Field(
-        0.25,
+    encoder_fraction: float | None = Field(
+        None,
         ge=0,
         le=1,
-        description="split-accumulate: share of each minibatch's rows whose activation gradients go down to the edge.",
+        description="Split modes: share of each minibatch's rows, drawn at random, that train the encoder. split "
+        "fetches fresh activations for those rows only and sends their gradients down (the other rows train the "
+        "head on the activations it holds), so its training bytes scale with this; split-accumulate pushes "
+        "their gradients. Unset: 1 in split (the research's split), 0.25 in split-accumulate.",
     )
     encoder_epochs: int | None = Field(
         None,

@@ -3,7 +3,8 @@
 What a minibatch trains on depends on the mode (docs/design.md §3):
   cloud             frame stacks from replay through encoder + head; no WAN.
   split             activations the edge recomputes for the minibatch (WAN up), gradients back (WAN down),
-                    in lockstep every minibatch of every epoch: the research's naive split.
+                    in lockstep every minibatch of every epoch: the research's naive split. `encoder_fraction`
+                    < 1 fetches them for a sampled share of the rows only; the rest train the head alone.
   split-accumulate  activations stored in replay, no WAN; a sampled `encoder_fraction` of each minibatch's
                     activation gradients is pushed down to the edge without waiting (the pipeline).
 """
@@ -146,6 +147,10 @@ class Trainer:
         self.optimizer = torch.optim.Adam(network.parameters(), lr=settings.learning_rate, eps=1e-5)
         #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
         self.generator = torch.Generator().manual_seed(settings.seed)
+        #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
+        self.encoder_rows: float = settings.encoder_fraction if settings.encoder_fraction is not None else 1.0
+        if settings.encoder_fraction is None and settings.mode == "split-accumulate":
+            self.encoder_rows = 0.25
 
     def update(self, batch: Batch) -> UpdateStats:
         s = self.settings
@@ -174,17 +179,21 @@ class Trainer:
         `train_encoder` False (split modes, before the last `encoder_epochs`): the head trains on the newest
         activations `update` holds for each row (the rollout's, or those an encoder epoch fetched), and nothing
         crosses the WAN. In split mode the activations an encoder epoch fetches are written back into
-        `update.inputs`."""
+        `update.inputs`; a row drawn to train the encoder that the edge no longer holds is left out."""
         s = self.settings
         rows = update.take(index)
         inputs = rows.inputs if s.mode == "cloud" else rows.inputs.float()
         ticket, leaf = None, None
         if s.mode == "split" and train_encoder:
             assert self.edges is not None
-            fetched, present, ticket = self.edges.fetch_activations(rows.step_ids)
-            update.inputs[index[present]] = fetched[present].to(update.inputs.dtype)
+            drawn = self._draw_encoder_rows(len(rows)).nonzero().squeeze(1)
+            fetched, present, ticket = self.edges.fetch_activations(rows.step_ids[drawn])
+            update.inputs[index[drawn[present]]] = fetched[present].to(update.inputs.dtype)
             leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
-            rows, inputs = rows.take(present), leaf[present]
+            inputs = inputs.index_put((drawn,), leaf)  # differentiable in `leaf`: its .grad goes down
+            kept = torch.ones(len(rows), dtype=torch.bool)
+            kept[drawn[~present]] = False
+            rows, inputs = rows.take(kept), inputs[kept]
             if len(rows) == 0:
                 return None
         elif s.mode == "split-accumulate" and train_encoder:
@@ -212,12 +221,19 @@ class Trainer:
             self.edges.return_gradients(ticket, leaf.grad)
         elif s.mode == "split-accumulate" and train_encoder:
             assert self.edges is not None and leaf is not None and leaf.grad is not None
-            chosen = torch.rand(len(rows), generator=self.generator) < s.encoder_fraction
+            chosen = self._draw_encoder_rows(len(rows))
             if bool(chosen.any()):
                 self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], leaf.grad[chosen])
         return LossTerms(
             loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
         )
+
+    def _draw_encoder_rows(self, count: int) -> torch.Tensor:
+        """A bool mask over `count` rows: each trains the encoder with probability `encoder_rows` (all of them
+        at 1, without drawing, so the research's split keeps its shuffling sequence)."""
+        if self.encoder_rows >= 1:
+            return torch.ones(count, dtype=torch.bool)
+        return torch.rand(count, generator=self.generator) < self.encoder_rows
 
     @torch.no_grad()
     def _advantages(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
