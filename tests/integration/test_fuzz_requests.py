@@ -127,6 +127,7 @@ def arbitrary_tensors(draw: st.DrawFn) -> tensor_pb2.Tensor:
         data=draw(st.binary(max_size=300)),
         compression=draw(st.integers(-2, 3)),
         row_scale=draw(st.lists(FLOATS, max_size=4)),
+        row_scale_bf16=draw(st.binary(max_size=10)),
     )
 
 
@@ -145,7 +146,9 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
             message = wire.encode(values, wire.DType.DTYPE_BFLOAT16)
         else:
             message = wire.encode_float(values, draw(st.sampled_from(wire.FLOAT_CODECS)))
-    breakage = draw(st.sampled_from(["none", "none", "truncate", "shape", "dtype", "compression", "row_scale"]))
+    breakage = draw(
+        st.sampled_from(["none", "none", "truncate", "shape", "dtype", "compression", "row_scale", "row_scale_bf16"])
+    )
     if breakage == "truncate":
         message.data = message.data[: draw(st.integers(0, max(len(message.data) - 1, 0)))]
     elif breakage == "shape":
@@ -156,6 +159,8 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
         message.compression = 1 - message.compression
     elif breakage == "row_scale":
         message.row_scale[:] = draw(st.lists(FLOATS, max_size=4))
+    elif breakage == "row_scale_bf16":
+        message.row_scale_bf16 = draw(st.binary(max_size=10))
     return message
 
 

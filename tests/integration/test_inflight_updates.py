@@ -29,7 +29,11 @@ async def test_policy_version_advances_while_streams_stay_open():
                 break
         assert inference.policy.version >= 3, "inference never received three updates"
         assert len(versions_seen) >= 2
-        texts = stack.scrape()
+        for _ in range(50):  # the gauge is set once the swap's executor call returns to the event loop
+            texts = stack.scrape()
+            if scrape.total([texts["inference"]], "splitrl_policy_version") >= 3:
+                break
+            await asyncio.sleep(0.1)
         # One edge stream served every version: the environment's only stream never broke.
         assert not stack.environment.finished().is_set() and stack.environment.failure() is None
         open_act = [

@@ -5,7 +5,8 @@ Invariants of one stream, checked on every message before anything changes (a re
 state as it was, and the caller answers INVALID_ARGUMENT):
 - message k of the stream carries `sequence` k (one message in flight, answered before the next);
 - the env count N is fixed by the stream's first message, and is never 0;
-- every per-env field has exactly N entries, and rewards are finite.
+- every per-env field has exactly N entries, and rewards are finite; an episode-end field (terminated,
+  truncated) may instead be empty, meaning no env's episode ended: the common step sends no flags.
 Episode starts follow: every env starts one on the stream's first message (nothing spans a reconnect), then
 exactly those whose previous episode ended (terminated or truncated).
 """
@@ -19,6 +20,15 @@ from typing import Any
 import torch
 
 from splitrl.core.rpc import BadRequest
+
+#: Per-env bool fields a sender leaves empty when every entry is False (most steps: no episode ends).
+EPISODE_END_FIELDS = ("terminated", "truncated")
+
+
+def episode_ends(message: Any, field: str, envs: int) -> torch.Tensor:
+    """bool [envs]: `message.field` (one of EPISODE_END_FIELDS) with its empty form read as all False."""
+    values = getattr(message, field)
+    return torch.tensor(values, dtype=torch.bool) if len(values) else torch.zeros(envs, dtype=torch.bool)
 
 
 class LockstepStream:
@@ -41,7 +51,8 @@ class LockstepStream:
         if message.sequence != self.next_sequence:
             raise BadRequest(f"{name}.sequence is {message.sequence}, expected {self.next_sequence}")
         for field in per_env_fields:
-            if len(getattr(message, field)) != envs:
+            entries = len(getattr(message, field))
+            if entries != envs and not (entries == 0 and field in EPISODE_END_FIELDS):
                 raise BadRequest(f"{name}.{field} has {len(getattr(message, field))} entries for {envs} envs")
         if not all(math.isfinite(reward) for reward in message.rewards):
             raise BadRequest(f"{name}.rewards holds NaN or Inf")
@@ -50,4 +61,4 @@ class LockstepStream:
         self.next_sequence += 1
         if first:
             return torch.ones(envs, dtype=torch.bool)
-        return torch.tensor(message.terminated, dtype=torch.bool) | torch.tensor(message.truncated, dtype=torch.bool)
+        return episode_ends(message, "terminated", envs) | episode_ends(message, "truncated", envs)

@@ -2,7 +2,7 @@
 
 A `splitrl.v1.Tensor` holds a dtype, a shape and the elements as row-major,
 little-endian bytes, optionally zstd-compressed, and for quantized tensors one
-float32 scale per row. `encode` builds one from a torch tensor or numpy array;
+scale per row (bfloat16 as splitrl sends them, or float32). `encode` builds one from a torch tensor or numpy array;
 `encode_float` puts a float tensor on the wire with a `FloatCodec` (bf16, int8,
 int4, fp8, each optionally +zstd). `decode` checks every invariant before it
 trusts the bytes and raises `WireError` (a ValueError) naming the mismatch;
@@ -176,9 +176,11 @@ def _encode_tensor(tensor: torch.Tensor, dtype: int | None, compress: bool) -> T
 
 
 def _message(dtype: int, shape: Sequence[int], data: bytes, compress: bool) -> Tensor:
-    if not compress:
+    """`compress`: zstd, unless the frame would not be smaller than `data` (a zstd frame costs ~9 bytes of its
+    own, more than it saves on the tens of bytes of a narrow activation row)."""
+    packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data) if compress else data
+    if len(packed) >= len(data):
         return Tensor(dtype=dtype, shape=list(shape), data=data)  # type: ignore[arg-type]
-    packed = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
     return Tensor(
         dtype=dtype,  # type: ignore[arg-type]
         shape=list(shape),
@@ -192,8 +194,9 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
 
     bf16 rounds to bfloat16. int8, int4 and fp8 scale each row (outermost dimension) so its largest
     magnitude becomes 127 (int8, rounded), 7 (int4, rounded; packed two per byte) or 448 (float8
-    e4m3), and send the scales as float32 `row_scale`; an all-zero row gets scale 0. "+zstd"
-    compresses the elements. NaN or Inf cannot be quantized: WireError.
+    e4m3), and send the scales as bfloat16 `row_scale_bf16` (each element is quantized against its row's
+    scale as rounded, so rounding costs no accuracy beyond the quantization's); an all-zero row gets scale 0.
+    "+zstd" compresses the elements where that makes them smaller. NaN or Inf cannot be quantized: WireError.
     """
     import torch
 
@@ -211,7 +214,8 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
         raise WireError(f"cannot quantize a tensor holding NaN or Inf with codec {codec!r}")
     limit = _QUANTIZED_LIMIT[dtype]
     scale = rows.abs().amax(dim=1) / limit if rows.numel() else torch.zeros(rows.shape[0])
-    scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
+    scale = scale.to(torch.bfloat16)
+    scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale)).float()[:, None]
     if dtype == DType.DTYPE_FLOAT8_E4M3FN:
         quantized = scaled.clamp(-limit, limit).to(torch.float8_e4m3fn)
     else:
@@ -220,7 +224,7 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
         message = _message(dtype, value.shape, _pack_int4(quantized), compress)
     else:
         message = encode(quantized.reshape(value.shape), compress=compress)
-    message.row_scale.extend(scale.tolist())
+    message.row_scale_bf16 = scale.view(torch.int16).numpy().astype("<i2").tobytes()
     return message
 
 
@@ -331,14 +335,31 @@ def validate(
 
 
 def _check_row_scale(message: Tensor, shape: list[int]) -> None:
-    if not message.row_scale:
+    if message.row_scale and message.row_scale_bf16:
+        raise WireError("tensor carries both row_scale and row_scale_bf16; send one")
+    field = "row_scale" if message.row_scale else "row_scale_bf16"
+    scales = row_scales(message)
+    if scales is None:
         return
     if message.dtype not in _QUANTIZED_LIMIT:
-        raise WireError(f"row_scale is set on a {DType.Name(message.dtype)} tensor; only INT8, INT4 and FLOAT8 take it")
-    if not shape or len(message.row_scale) != shape[0]:
-        raise WireError(f"row_scale has {len(message.row_scale)} entries for shape {shape}; expected one per row")
-    if not all(math.isfinite(s) and s >= 0 for s in message.row_scale):
-        raise WireError("row_scale holds a negative, NaN or Inf scale")
+        raise WireError(f"{field} is set on a {DType.Name(message.dtype)} tensor; only INT8, INT4 and FLOAT8 take it")
+    if len(message.row_scale_bf16) % 2:
+        raise WireError(f"row_scale_bf16 is {len(message.row_scale_bf16)} bytes; bfloat16 scales take 2 each")
+    if not shape or len(scales) != shape[0]:
+        raise WireError(f"{field} has {len(scales)} entries for shape {shape}; expected one per row")
+    if not (np.isfinite(scales).all() and (scales >= 0).all()):
+        raise WireError(f"{field} holds a negative, NaN or Inf scale")
+
+
+def row_scales(message: Tensor) -> np.ndarray | None:
+    """A quantized tensor's per-row scales as float32 (from `row_scale` or `row_scale_bf16`, without torch),
+    or None if it carries none. Unvalidated: `validate` checks them."""
+    if message.row_scale:
+        return np.asarray(message.row_scale, dtype=np.float32)
+    if not message.row_scale_bf16:
+        return None
+    raw = np.frombuffer(message.row_scale_bf16[: len(message.row_scale_bf16) // 2 * 2], dtype="<u2")
+    return (raw.astype(np.uint32) << 16).view(np.float32)  # bfloat16 is float32's upper half
 
 
 def _check_video(message: Tensor, shape: list[int]) -> None:
@@ -469,7 +490,7 @@ def decode_float(
     _info(message.dtype)  # an unknown dtype is reported as such
     # int8 and int4 are float encodings only with their scales (an empty batch has none to carry).
     scaled_int = message.dtype in (DType.DTYPE_INT8, DType.DTYPE_INT4) and (
-        bool(message.row_scale) or message.shape[:1] == [0]
+        row_scales(message) is not None or message.shape[:1] == [0]
     )
     if message.dtype not in _FLOAT_DTYPES and not scaled_int:
         raise WireError(
@@ -479,8 +500,8 @@ def decode_float(
     import torch
 
     values = decode(message, max_bytes=max_bytes, expect_shape=expect_shape).float()
-    if message.row_scale:
-        scale = torch.tensor(list(message.row_scale), dtype=torch.float32)
+    if (scales := row_scales(message)) is not None:
+        scale = torch.from_numpy(scales.copy())
         values = (values.reshape(len(scale), -1) * scale[:, None]).reshape(values.shape)
     if not bool(torch.isfinite(values).all()):
         raise WireError("tensor holds NaN or Inf")

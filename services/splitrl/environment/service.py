@@ -186,10 +186,12 @@ class _Pending:
         self.terminated, self.truncated = np.asarray(terminated, bool), np.asarray(truncated, bool)
 
     def message(self, sequence: int) -> rollout_pb2.EnvStep:
+        """The EnvStep; an episode-end field goes empty when no env's episode ended (splitrl.core.lockstep),
+        and the edge passes both on to inference as they are, so the WAN carries no flags on most steps."""
         return rollout_pb2.EnvStep(
             sequence=sequence,
             frames=wire.encode(self.frames),
             rewards=self.rewards.tolist(),
-            terminated=self.terminated.tolist(),
-            truncated=self.truncated.tolist(),
+            terminated=self.terminated.tolist() if self.terminated.any() else [],
+            truncated=self.truncated.tolist() if self.truncated.any() else [],
         )

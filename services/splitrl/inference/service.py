@@ -21,7 +21,7 @@ from splitrl.core import codecs, weights, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.lockstep import LockstepStream
+from splitrl.core.lockstep import LockstepStream, episode_ends
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
@@ -228,6 +228,6 @@ class _EdgeStream:
             step_ids=request.first_step_id + torch.arange(observations.shape[0], dtype=torch.int64),
             encoder_version=request.encoder_version,
             previous_rewards=torch.tensor(request.rewards, dtype=torch.float32),
-            previous_terminated=torch.tensor(request.terminated, dtype=torch.bool),
-            previous_truncated=torch.tensor(request.truncated, dtype=torch.bool),
+            previous_terminated=episode_ends(request, "terminated", observations.shape[0]),
+            previous_truncated=episode_ends(request, "truncated", observations.shape[0]),
         )
