@@ -12,7 +12,8 @@ onsets shift by a few thousand steps from run to run):
                     run -0.72 over the last 4k of 72k: the onset has a long tail. A fresh encoder's features
                     barely depend on Catch's mostly black frames (over 400 frames each feature varies by
                     ~5% of its mean magnitude), so the head has nothing to act on until the edge's encoder,
-                    trained through the pipeline, pulls them apart. The test runs 100k.
+                    trained through the pipeline, pulls them apart. The test runs 100k (two runs at 100k: onsets
+                    ~32-36k, +0.77 and +0.94 over the last 4k).
 And the narrow, cheap codecs of the bytes frontier:
   cloud --codec h264 (crf 23)                         +0.89 over the last 4k of 36k steps;
   split-accumulate --width 32, int4 both ways         leaves random play at ~50-56k steps; +0.52 over 72-80k and
