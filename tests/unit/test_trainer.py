@@ -196,3 +196,13 @@ def test_split_leaves_out_a_drawn_row_the_edge_no_longer_holds():
     Trainer(network, settings, ForgetfulEdges()).update(batch(stored))
     (inputs,) = network.inputs
     assert len(inputs) == CHUNKS * HORIZON // 2 and bool((inputs == 7.0).all())
+
+
+def test_split_with_encoder_fraction_zero_trains_the_head_alone_and_sends_nothing():
+    settings = LearnerSettings(mode="split", tls="plaintext", epochs=2, minibatches=2, encoder_fraction=0.0)
+    edges = FreshEdges()
+    network = InputRecorder(cloud_network("split", MODEL, SPEC))
+    stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
+    stats = Trainer(network, settings, edges).update(batch(stored))
+    assert stats.optimizer_steps == 4 and edges.fetched == edges.returned == []
+    assert all(bool((inputs == 0.0).all()) for inputs in network.inputs)

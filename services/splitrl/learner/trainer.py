@@ -185,15 +185,7 @@ class Trainer:
         inputs = rows.inputs if s.mode == "cloud" else rows.inputs.float()
         ticket, leaf = None, None
         if s.mode == "split" and train_encoder:
-            assert self.edges is not None
-            drawn = self._draw_encoder_rows(len(rows)).nonzero().squeeze(1)
-            fetched, present, ticket = self.edges.fetch_activations(rows.step_ids[drawn])
-            update.inputs[index[drawn[present]]] = fetched[present].to(update.inputs.dtype)
-            leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
-            inputs = inputs.index_put((drawn,), leaf)  # differentiable in `leaf`: its .grad goes down
-            kept = torch.ones(len(rows), dtype=torch.bool)
-            kept[drawn[~present]] = False
-            rows, inputs = rows.take(kept), inputs[kept]
+            rows, inputs, leaf, ticket = self._fetch_fresh(update, index, rows, inputs)
             if len(rows) == 0:
                 return None
         elif s.mode == "split-accumulate" and train_encoder:
@@ -216,8 +208,8 @@ class Trainer:
         loss.total.backward()
         nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
         self.optimizer.step()
-        if s.mode == "split" and train_encoder:
-            assert self.edges is not None and leaf is not None and leaf.grad is not None
+        if s.mode == "split" and leaf is not None:
+            assert self.edges is not None and leaf.grad is not None
             self.edges.return_gradients(ticket, leaf.grad)
         elif s.mode == "split-accumulate" and train_encoder:
             assert self.edges is not None and leaf is not None and leaf.grad is not None
@@ -227,6 +219,25 @@ class Trainer:
         return LossTerms(
             loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
         )
+
+    def _fetch_fresh(
+        self, update: Rows, index: torch.Tensor, rows: Rows, inputs: torch.Tensor
+    ) -> tuple[Rows, torch.Tensor, torch.Tensor | None, Any]:
+        """Split mode's encoder epoch: fresh activations from the edge for the rows drawn to train the encoder
+        (written back into `update.inputs`), the other rows keeping `inputs`. Returns (rows, inputs, leaf,
+        ticket): the rows to train (a drawn row the edge no longer holds is left out), their inputs, and the
+        leaf whose .grad goes back down with `ticket`; leaf and ticket are None when no row was drawn."""
+        assert self.edges is not None
+        drawn = self._draw_encoder_rows(len(rows)).nonzero().squeeze(1)
+        if len(drawn) == 0:
+            return rows, inputs, None, None
+        fetched, present, ticket = self.edges.fetch_activations(rows.step_ids[drawn])
+        update.inputs[index[drawn[present]]] = fetched[present].to(update.inputs.dtype)
+        leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient
+        inputs = inputs.index_put((drawn,), leaf)  # differentiable in `leaf`: its .grad goes down
+        kept = torch.ones(len(rows), dtype=torch.bool)
+        kept[drawn[~present]] = False
+        return rows.take(kept), inputs[kept], leaf, ticket
 
     def _draw_encoder_rows(self, count: int) -> torch.Tensor:
         """A bool mask over `count` rows: each trains the encoder with probability `encoder_rows` (all of them
