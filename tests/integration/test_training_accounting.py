@@ -14,6 +14,7 @@ import asyncio
 import pytest
 
 from splitrl.core import scrape
+from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION
 from tests.integration.stack import Stack
 
 WIDTH = 4096
@@ -24,8 +25,6 @@ LEARNER = {
     "minibatches": 2,
     "max_updates": 2,
 }
-#: split-accumulate's default encoder_fraction.
-ACCUMULATE_FRACTION = 0.25
 TRAINED_SAMPLES = LEARNER["max_updates"] * LEARNER["chunks_per_update"] * UNROLL
 #: Bytes the talk's naive split moves per trained sample: activations up + gradients down, every epoch, bf16.
 SPLIT_BYTES_PER_SAMPLE = 2 * LEARNER["epochs"] * WIDTH * 2
@@ -58,7 +57,7 @@ def test_training_traffic_matches_the_mode(trained):
     if mode == "split":
         assert sent == pytest.approx(predicted_split, rel=0.05), f"{sent} B vs predicted {predicted_split} B"
     else:
-        assert 0 < sent <= ACCUMULATE_FRACTION * predicted_split, f"{sent} B vs {predicted_split} B"
+        assert 0 < sent <= ACCUMULATE_ENCODER_FRACTION * predicted_split, f"{sent} B vs {predicted_split} B"
         assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_updates_total") > 0
 
 

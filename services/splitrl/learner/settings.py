@@ -10,6 +10,9 @@ from pydantic import Field
 from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
 
+#: split-accumulate's share of rows that train the encoder when `encoder_fraction` is unset (split's is 1).
+ACCUMULATE_ENCODER_FRACTION = 0.25
+
 
 class PPOSettings(Settings):
     """One PPO update and its optimizer. Defaults follow CleanRL's Atari recipe."""
@@ -40,7 +43,8 @@ class PPOSettings(Settings):
         description="Split modes: share of each minibatch's rows, drawn at random, that train the encoder. split "
         "fetches fresh activations for those rows only and sends their gradients down (the other rows train the "
         "head on the activations it holds), so its training bytes scale with this; split-accumulate pushes "
-        "their gradients. Unset: 1 in split (the research's split), 0.25 in split-accumulate.",
+        f"their gradients. Unset: 1 in split (the research's split), {ACCUMULATE_ENCODER_FRACTION} in "
+        "split-accumulate.",
     )
     encoder_epochs: int | None = Field(
         None,

@@ -19,7 +19,7 @@ from torch import nn
 
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, ppo_loss, vtrace
-from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION, LearnerSettings
 
 
 class EdgeTraining(Protocol):
@@ -148,9 +148,8 @@ class Trainer:
         #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
         self.generator = torch.Generator().manual_seed(settings.seed)
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
-        self.encoder_rows: float = settings.encoder_fraction if settings.encoder_fraction is not None else 1.0
-        if settings.encoder_fraction is None and settings.mode == "split-accumulate":
-            self.encoder_rows = 0.25
+        default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
+        self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
 
     def update(self, batch: Batch) -> UpdateStats:
         s = self.settings
