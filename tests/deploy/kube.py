@@ -110,6 +110,31 @@ def service_pods(manifest: Manifest, service: dict) -> list[PodTemplate]:
     return [p for p in manifest.pods if selects({"matchLabels": service["spec"]["selector"]}, p.labels)]
 
 
+def dialled(manifest: Manifest, address_list: str) -> list[tuple[str, int, dict, str]]:
+    """Each entry of a SPLITRL_*_ADDRESS list as (host, port, the Service it reaches, the DNS suffix after it).
+
+    A host is SERVICE[.SUFFIX], or a StatefulSet pod's own name POD-K.SERVICE[.SUFFIX], where SERVICE governs
+    the StatefulSet POD and K is below its replica count (pod names are not resolvable otherwise).
+    """
+    from splitrl.core.config import split_addresses
+
+    entries = []
+    for address in split_addresses(address_list):
+        host, port = address.rsplit(":", 1)
+        first, _, rest = host.partition(".")
+        ordinal = re.fullmatch(r"(.+)-(\d+)", first)
+        if ordinal and rest:
+            governing, _, suffix = rest.partition(".")
+            stateful = manifest.get("StatefulSet", ordinal[1])
+            assert stateful["spec"]["serviceName"] == governing, f"{address}: {governing} does not govern {first}"
+            replicas = stateful["spec"].get("replicas", 1)
+            assert int(ordinal[2]) < replicas, f"{address}: {ordinal[1]} has {replicas} replicas"
+            entries.append((host, int(port), manifest.get("Service", governing), suffix))
+        else:
+            entries.append((host, int(port), manifest.get("Service", first), rest))
+    return entries
+
+
 def settings_model(service: str) -> type:
     # splitrl.<service>.settings.<Service>Settings, as `splitrl serve <service>` uses it
     module = importlib.import_module(f"splitrl.{service.replace('-', '_')}.settings")

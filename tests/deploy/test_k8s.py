@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from splitrl.core.args import settings_from_args
+from splitrl.core.config import split_addresses
 from tests.deploy import kube
 from tests.deploy.conftest import REPO, missing, promtool, tool
 from tests.deploy.kube import APP, NAMESPACE, Manifest, PodTemplate
@@ -287,12 +288,18 @@ def test_splitrl_containers_run_mtls_from_the_read_only_tls_secret(manifest):
                 assert pod.spec["securityContext"].get("fsGroup") == pod.spec["securityContext"]["runAsGroup"], where
 
 
+def _covers(names: set[str], host: str) -> bool:
+    """A certificate with `names` verifies `host`: by name, or by a wildcard over its first label only."""
+    return host in names or f"*.{host.partition('.')[2]}" in names
+
+
 def _serving_container(manifest: Manifest, pod: PodTemplate, host: str, port: int) -> str:
     """The name of the container a dialled host:port reaches (loopback: in the same pod)."""
     if host in LOOPBACK_HOSTS:
         targets = [pod]
     else:
-        targets = kube.service_pods(manifest, manifest.get("Service", host.partition(".")[0]))
+        [(_, _, service, _)] = kube.dialled(manifest, f"{host}:{port}")
+        targets = kube.service_pods(manifest, service)
     [name] = {
         c["name"]
         for target in targets
@@ -324,14 +331,15 @@ def test_certificates_from_splitrl_certs_name_every_dialled_host(manifest, tmp_p
             env = manifest.env(container)
             # the exec probe dials 127.0.0.1 with the container's own settings
             dials = [("127.0.0.1", int(env["SPLITRL_PORT"]))] + [
-                (address.rsplit(":", 1)[0], int(address.rsplit(":", 1)[1]))
+                (entry.rsplit(":", 1)[0], int(entry.rsplit(":", 1)[1]))
                 for key, address in env.items()
                 if re.fullmatch(r"SPLITRL_\w+_ADDRESS", key)
+                for entry in split_addresses(address)
             ]
             for host, port in dials:
                 expected = env.get("SPLITRL_TLS_SERVER_NAME") or host
                 server = _serving_container(manifest, pod, host, port)
-                assert expected in names(server), f"{pod.app}/{container['name']} dials {host}:{port} ({server})"
+                assert _covers(names(server), expected), f"{pod.app}/{container['name']} dials {host}:{port} ({server})"
                 checked += 1
     assert checked >= 2 * 5
 
@@ -357,8 +365,8 @@ def test_dialled_addresses_resolve_and_are_the_designed_links(manifest):
             for key, address in manifest.env(container).items():
                 if not re.fullmatch(r"SPLITRL_\w+_ADDRESS", key):
                     continue
-                host, port = address.rsplit(":", 1)
                 where = f"{pod.app}/{container['name']} {key}={address}"
+                host, port = address.rsplit(":", 1)
                 if host in LOOPBACK_HOSTS:
                     [peer] = [
                         c
@@ -367,24 +375,36 @@ def test_dialled_addresses_resolve_and_are_the_designed_links(manifest):
                     ]
                     loopback.add((pod.app, container["name"], peer["name"], int(port)))
                     continue
-                name, _, rest = host.partition(".")
-                assert rest in ("", NAMESPACE, f"{NAMESPACE}.svc", f"{NAMESPACE}.svc.cluster.local"), where
-                service = manifest.get("Service", name)
-                [service_port] = [p for p in service["spec"]["ports"] if p["port"] == int(port)]
-                target = service_port.get("targetPort", service_port["port"])
-                for target_pod in kube.service_pods(manifest, service):
-                    # the port the Service forwards to is the gRPC port of the service behind it
-                    serving = [
-                        c
-                        for c in target_pod.splitrl_containers
-                        for p in c["ports"]
-                        if target in (p["name"], p["containerPort"])
-                        and p["containerPort"] == int(manifest.env(c)["SPLITRL_PORT"])
-                    ]
-                    assert serving, where
-                    dialled.add((pod.app, target_pod.app, int(port)))
+                for _, port_number, service, suffix in kube.dialled(manifest, address):
+                    assert suffix in ("", NAMESPACE, f"{NAMESPACE}.svc", f"{NAMESPACE}.svc.cluster.local"), where
+                    [service_port] = [p for p in service["spec"]["ports"] if p["port"] == port_number]
+                    target = service_port.get("targetPort", service_port["port"])
+                    for target_pod in kube.service_pods(manifest, service):
+                        # the port the Service forwards to is the gRPC port of the service behind it
+                        serving = [
+                            c
+                            for c in target_pod.splitrl_containers
+                            for p in c["ports"]
+                            if target in (p["name"], p["containerPort"])
+                            and p["containerPort"] == int(manifest.env(c)["SPLITRL_PORT"])
+                        ]
+                        assert serving, where
+                        dialled.add((pod.app, target_pod.app, port_number))
     assert dialled == DESIGNED_LINKS
     assert loopback == LOOPBACK_LINKS
+
+
+def test_every_inference_replica_is_dialled_by_the_learner_and_every_edge(manifest):
+    """An address list and the replica count kept in step: a replica nobody lists would get no stream and no
+    weights; a listed one that does not exist would be redialled forever."""
+    replicas = manifest.get("StatefulSet", "inference")["spec"].get("replicas", 1)
+    for app, container_name in (("learner", "learner"), ("edge", "edge-encoder")):
+        [container] = [c for c in manifest.pod(app).splitrl_containers if c["name"] == container_name]
+        entries = kube.dialled(manifest, manifest.env(container)["SPLITRL_INFERENCE_ADDRESS"])
+        if replicas == 1:
+            assert [host.partition(".")[0] for host, *_ in entries] == ["inference"], app
+        else:
+            assert [host.partition(".")[0] for host, *_ in entries] == [f"inference-{k}" for k in range(replicas)], app
 
 
 def test_pods_are_hardened_and_bounded(manifest):

@@ -29,14 +29,16 @@ def start_up(run_dir: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def service_pid(run_dir: Path, name: str) -> int:
-    """The pid of the live `splitrl serve NAME` of this run (the run dir is unique to the test)."""
+    """The pid of the live `splitrl serve` of instance NAME of this run: the one given RUN_DIR/NAME.ports.json
+    (the run dir is unique to the test; a replica, e.g. inference-1, serves `inference` with its own port file)."""
+    port_file = str(run_dir / f"{name}.ports.json").encode()
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit():
             try:
                 command = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"serve" in command and name.encode() in command and str(run_dir).encode() in b" ".join(command):
+            if b"serve" in command and port_file in command:
                 return int(proc.name)
     raise AssertionError(f"no live {name} process of {run_dir}")
 
@@ -102,3 +104,30 @@ def test_up_gives_up_on_a_service_that_keeps_dying(tmp_path):
     assert "replay exited with code -9 after 1 restarts (--max-restarts 1); gave up" in err
     assert "replay.log" in err
     assert json.loads((run_dir / "summary.json").read_text())["restarts"] == {"replay": 1}
+
+
+def test_two_inference_replicas_share_the_streams_and_a_killed_one_is_restarted(tmp_path):
+    run_dir = tmp_path / "run"
+    extra = ("--inference-replicas", "2", "--num-envs", "4", "--env-groups", "4")
+    up = start_up(run_dir, "--mode", "split-accumulate", "--steps", str(STEPS), *extra)
+    try:
+        wait_for_updates(run_dir, 2)
+        os.kill(service_pid(run_dir, "inference-1"), signal.SIGKILL)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, out + err
+    assert "inference-1 exited with code -9; restart 1 of 5" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == {"inference-1": 1}
+    instances = {"replay", "inference", "inference-1", "learner", "edge-encoder", "environment"}
+    assert set(summary["exit_codes"]) == instances
+    assert summary["env_steps"] >= STEPS
+    # Both replicas acted (inference-1 after its restart too: its final counters are its second life's) and got
+    # the learner's weights.
+    for name in ("inference", "inference-1"):
+        text = (run_dir / "metrics" / f"{name}.prom").read_text()
+        assert scrape.total([text], "splitrl_inference_batch_size_sum") > 0, name
+        assert scrape.total([text], "splitrl_policy_version") > 0, name
+    assert "---- splitrl up: inference-1 exited" in (run_dir / "logs" / "inference-1.log").read_text()  # its own log

@@ -26,7 +26,7 @@ from splitrl.inference.service import InferenceService
 from splitrl.learner.service import LearnerService
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
-from splitrl.run.plan import START_ORDER, amended, plan
+from splitrl.run.plan import amended, instance_names, plan, service_of
 from splitrl.run.settings import RunSettings
 
 FAST_ENV = "splitrl/Catch-v0"
@@ -64,8 +64,11 @@ class Stack:
         edge: dict | None = None,
         replay: dict | None = None,
         environment: dict | None = None,
+        inference_replicas: int = 1,
+        replay_shards: int = 1,
     ) -> Stack:
-        """Start replay, inference, [a learner amended with `learner`], edge-encoder, environment.
+        """Start replay (and its shards replay-1, ...), inference (and its replicas inference-1, ...), [a learner
+        amended with `learner`], edge-encoder, environment.
 
         Every service's settings come from `splitrl.run.plan` (as in `splitrl up`), amended with the given
         dicts; `steps` 0 runs the envs until stopped. Plaintext, explicitly: tests dial these services with
@@ -82,6 +85,8 @@ class Stack:
             steps=max(steps, 1),
             replay_max_size=ReplaySettings.model_fields["max_size"].default,
             tls="plaintext",
+            inference_replicas=inference_replicas,
+            replay_shards=replay_shards,
         )
         overrides = {
             "replay": replay or {},
@@ -94,13 +99,14 @@ class Stack:
         services |= {"edge-encoder": EdgeEncoderService, "environment": EnvironmentService}
         stack = cls()
         try:
-            for name in START_ORDER:
-                if name == "learner" and learner is None:
+            for name in instance_names(run):
+                service = service_of(name)
+                if service == "learner" and learner is None:
                     continue
                 addresses = {peer: address(host) for peer, host in stack.hosts.items()}
                 addresses.setdefault("learner", "127.0.0.1:1")  # no learner: the edge's training link is refused
                 planned = plan(run, stack.run_dir, addresses)[name]
-                stack.hosts[name] = await start(services[name], amended(planned, **overrides[name]))
+                stack.hosts[name] = await start(services[service], amended(planned, **overrides[service]))
         except BaseException:
             await stack.stop()  # nothing half-started outlives a failed start
             raise
@@ -114,15 +120,21 @@ class Stack:
     def inference(self) -> InferenceService:
         return self.hosts["inference"].service  # type: ignore[return-value]
 
+    @property
+    def inference_replicas(self) -> list[InferenceService]:
+        """Every inference instance (inference, inference-1, ...)."""
+        return [host.service for name, host in self.hosts.items() if service_of(name) == "inference"]  # type: ignore[misc]
+
     async def wait_done(self, timeout_s: float = 120.0) -> None:
         """Wait for the environment's max_steps, then for replay to acknowledge every chunk."""
         finished = self.environment.finished()
         await asyncio.wait_for(finished.wait(), timeout_s)
         assert self.environment.failure() is None, self.environment.failure()
         deadline = time.monotonic() + timeout_s
-        while self.inference.writer.acknowledged < int(self.inference.metrics.trajectories._value.get()):
-            assert time.monotonic() < deadline, "replay did not acknowledge every chunk"
-            await asyncio.sleep(0.02)
+        for inference in self.inference_replicas:
+            while inference.writer.acknowledged < int(inference.metrics.trajectories._value.get()):
+                assert time.monotonic() < deadline, "replay did not acknowledge every chunk"
+                await asyncio.sleep(0.02)
 
     async def wait_learner_done(self, timeout_s: float = 180.0) -> None:
         """Wait for the learner to reach its max_updates; fail the test with its error if it failed instead."""
@@ -135,7 +147,6 @@ class Stack:
         return {name: scrape.fetch(host.metrics_port) for name, host in self.hosts.items()}
 
     async def stop(self) -> None:
-        for name in reversed(START_ORDER):
-            if name in self.hosts:
-                await self.hosts[name].stop()
+        for host in reversed(self.hosts.values()):
+            await host.stop()
         shutil.rmtree(self.run_dir, ignore_errors=True)

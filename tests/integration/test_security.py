@@ -177,3 +177,30 @@ async def test_plaintext_is_served_only_when_asked_for_and_warns(caplog):
             assert (await info(channel)).tables
     finally:
         await host.stop()
+
+
+async def test_a_statefulset_pod_name_verifies_under_its_services_wildcard(tmp_path):
+    """Inference replicas on Kubernetes are dialled as POD.SERVICE.SUFFIX (k8s/overlays/scale-out): the
+    certificate of SERVICE covers each pod through `*.SERVICE.SUFFIX`, and nothing deeper or elsewhere."""
+    suffix = "splitrl.svc"
+    pki = certs.generate(tmp_path, ["replay", "client"], dns_suffixes=[suffix])
+    host = await start_replay(**transport(pki, "replay"))
+    target = f"127.0.0.1:{host.grpc_port}"
+    try:
+        for name, served in {
+            "replay-0.replay.splitrl.svc": True,
+            "replay-1.replay.splitrl.svc": True,
+            "replay.splitrl.svc": True,
+            "a.replay-0.replay.splitrl.svc": False,  # a wildcard covers one label only
+            "replay-0.inference.splitrl.svc": False,
+        }.items():
+            settings = TransportSettings(**transport(pki, "client"), tls_server_name=name)
+            async with rpc.dial(target, settings) as channel:
+                if served:
+                    assert [table.name for table in (await info(channel)).tables] == ["rollouts"], name
+                else:
+                    with pytest.raises(grpc.aio.AioRpcError) as error:
+                        await info(channel)
+                    assert error.value.code() == grpc.StatusCode.UNAVAILABLE, name
+    finally:
+        await host.stop()

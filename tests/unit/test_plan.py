@@ -16,8 +16,19 @@ from splitrl.core.args import (
     settings_from_args,
     validate_settings,
 )
+from splitrl.core.config import split_addresses
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
-from splitrl.run.plan import NOT_SERVING, SERVICE_SETTINGS, START_ORDER, amended, plan, recipe_share
+from splitrl.learner.settings import LearnerSettings
+from splitrl.run.plan import (
+    NOT_SERVING,
+    SERVICE_SETTINGS,
+    START_ORDER,
+    amended,
+    instance_names,
+    plan,
+    recipe_share,
+    service_of,
+)
 from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
 RUN = RunSettings(
@@ -154,3 +165,84 @@ def test_serve_takes_flags_then_non_empty_variables_then_the_recipe(tmp_path):
 
     edge = settings_from_args(EdgeEncoderSettings, parser.parse_args(["--codec", "frame"]), environ, share)
     assert (edge.width, edge.frame_stack, edge.codec, edge.mode) == (4096, 2, "frame", "cloud")
+
+
+def test_inference_replicas_are_instances_that_every_dialler_lists(tmp_path: Path):
+    run = RUN.model_copy(update={"inference_replicas": 3})
+    names = instance_names(run)
+    assert names == ["replay", "inference", "inference-1", "inference-2", "learner", "edge-encoder", "environment"]
+    assert [service_of(name) for name in names] == [
+        "replay", "inference", "inference", "inference", "learner", "edge-encoder", "environment"
+    ]  # fmt: skip
+    serving = {"replay": "127.0.0.1:5001", "inference": "127.0.0.1:5002", "inference-2": "127.0.0.1:5004"}
+    planned = plan(run, tmp_path, serving)
+    assert list(planned) == names
+    # Peers dial every replica that serves, in instance order; each replica has its own files and the
+    # service's certificate.
+    assert (
+        planned["learner"].inference_address
+        == planned["edge-encoder"].inference_address
+        == ("127.0.0.1:5002,127.0.0.1:5004")
+    )
+    replica = planned["inference-2"]
+    assert isinstance(replica, SERVICE_SETTINGS["inference"])
+    assert replica.port_file == tmp_path / "inference-2.ports.json"
+    assert replica.final_metrics_file == tmp_path / "metrics" / "inference-2.prom"
+    assert replica.tls_cert_file == tmp_path / "tls" / "inference.pem"
+    assert replica.replay_address == "127.0.0.1:5001"
+    assert plan(run, tmp_path)["learner"].inference_address == NOT_SERVING  # none serves yet
+
+
+@pytest.mark.parametrize(
+    "addresses, expected",
+    [
+        ("inference:50052", ["inference:50052"]),
+        ("10.0.0.1:50052, 10.0.0.2:50052", ["10.0.0.1:50052", "10.0.0.2:50052"]),
+        ("[::1]:50052,localhost:1", ["[::1]:50052", "localhost:1"]),
+    ],
+)
+def test_an_address_list_is_host_port_entries_in_order(addresses, expected):
+    assert split_addresses(addresses) == expected
+    assert EdgeEncoderSettings(inference_address=addresses).inference_address == ",".join(expected)
+
+
+@pytest.mark.parametrize(
+    "addresses, message",
+    [
+        ("inference", "expected host:port .* got 'inference'"),
+        ("a:1,", "got '' in 'a:1,'"),
+        (":50052", "got ':50052'"),
+        ("a:http", "got 'a:http'"),
+        ("a:70000", "got 'a:70000'"),
+        ("a:1,b:2,a:1", "a:1 listed more than once"),
+    ],
+)
+def test_a_bad_address_list_is_refused_quoting_the_entry(addresses, message):
+    with pytest.raises(ValueError, match=message):
+        split_addresses(addresses)
+    with pytest.raises(ValidationError, match="inference_address"):
+        LearnerSettings(inference_address=addresses)
+
+
+def test_replicas_are_bounded():
+    with pytest.raises(ValidationError, match="inference_replicas"):
+        RunSettings(inference_replicas=0)
+
+
+def test_replay_shards_are_instances_each_written_by_its_inference_replicas(tmp_path: Path):
+    run = RUN.model_copy(update={"inference_replicas": 3, "replay_shards": 2})
+    names = instance_names(run)
+    assert names[:5] == ["replay", "replay-1", "inference", "inference-1", "inference-2"]
+    serving = {"replay": "127.0.0.1:5001", "replay-1": "127.0.0.1:5002"}
+    planned = plan(run, tmp_path, serving)
+    # Replica r writes to shard r mod 2; the learner samples both.
+    shards = [planned[name].replay_address for name in ("inference", "inference-1", "inference-2")]
+    assert shards == ["127.0.0.1:5001", "127.0.0.1:5002", "127.0.0.1:5001"]
+    assert planned["learner"].replay_address == "127.0.0.1:5001,127.0.0.1:5002"
+    assert planned["replay-1"].port_file == tmp_path / "replay-1.ports.json"
+    assert planned["replay-1"].max_size == planned["replay"].max_size == 2 * 8
+
+
+def test_a_shard_no_inference_writes_to_is_refused():
+    with pytest.raises(ValidationError, match="replay_shards=2 exceeds inference_replicas=1"):
+        RunSettings(replay_shards=2)

@@ -28,7 +28,7 @@ from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import ENV_STEPS
 from splitrl.run import files as run_dir_files
 from splitrl.run.launcher import GaveUp, StartFailed, Supervisor, serving_addresses, stop_all
-from splitrl.run.plan import plan, prepare_tls
+from splitrl.run.plan import instance_names, plan, prepare_tls
 from splitrl.run.settings import RunSettings
 from splitrl.run.summary import build_summary, curve_point, extend_curve, shutdown_texts
 
@@ -58,7 +58,11 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         return plan(settings, run_dir, serving_addresses(supervisor.children), done_steps=steps)[name]
 
     supervisor = Supervisor(
-        run_dir, settings_for, max_restarts=settings.max_restarts, start_timeout_s=settings.start_timeout_s
+        run_dir,
+        instance_names(settings),
+        settings_for,
+        max_restarts=settings.max_restarts,
+        start_timeout_s=settings.start_timeout_s,
     )
     # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
     # supervisor's SIGINT) must still stop the run cleanly.

@@ -3,9 +3,11 @@
 `generate(out, hosts)` writes, under `out`:
 
 - `ca.pem` (the CA certificate every process trusts) and `ca-key.pem` (kept to issue more; never mounted),
-- `<host>.pem` / `<host>-key.pem` for each host: a certificate for the names `host`, `host.<suffix>` per
-  DNS suffix (Kubernetes Service FQDNs), every extra name, `localhost`, 127.0.0.1 and ::1, usable both as a
-  server and as a client (mtls), so each service needs one pair.
+- `<host>.pem` / `<host>-key.pem` for each host: a certificate for the names `host`, `host.<suffix>` and
+  `*.host.<suffix>` per DNS suffix (Kubernetes Service FQDNs, and the pods of a StatefulSet that Service
+  governs: `host-K.host.<suffix>`, how inference replicas are dialled), every extra name, `localhost`,
+  127.0.0.1 and ::1, usable both as a server and as a client (mtls), so each service needs one pair. No
+  `*.host` without a suffix: gRPC refuses a wildcard over a single label ("invalid toplevel subdomain").
 
 `splitrl up` makes a set per run under `<run_dir>/tls/`; `splitrl certs` makes one for compose and k8s
 secrets. EC keys keep generation to milliseconds, so `splitrl up` starts as fast as before.
@@ -114,7 +116,13 @@ def generate(
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
                 _subject_alt_names(
-                    [host, *(f"{host}.{suffix}" for suffix in dns_suffixes), *extra_names, *LOOPBACK_NAMES]
+                    [
+                        host,
+                        *(f"{host}.{suffix}" for suffix in dns_suffixes),
+                        *(f"*.{host}.{suffix}" for suffix in dns_suffixes),
+                        *extra_names,
+                        *LOOPBACK_NAMES,
+                    ]
                 ),
                 critical=False,
             )

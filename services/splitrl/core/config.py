@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from splitrl.core.spec import Bottleneck, ModelConfig
 
@@ -32,6 +32,28 @@ ObservationCodec = Literal["frame", "frame+zstd", "h264", "stack-bf16"]
 #: How a float tensor (activations, gradients) crosses a link: bfloat16, int8, int4 or float8 (e4m3) with one
 #: float32 scale per row, each optionally zstd-compressed (splitrl.core.wire.encode_float).
 FloatCodec = Literal["bf16", "int8", "int4", "fp8", "bf16+zstd", "int8+zstd", "int4+zstd", "fp8+zstd"]
+
+
+def split_addresses(addresses: str) -> list[str]:
+    """The host:port entries of `addresses`, a comma-separated list ("a:50052,b:50052"), in order.
+
+    ValueError quoting the bad entry for one without a host or with a port outside 0-65535, and for an entry
+    listed twice (two streams' worth of one replica would skew the spread). Port 0 is allowed: a plan's
+    placeholder for a service not serving yet (splitrl.run.plan.NOT_SERVING).
+    """
+    entries = [entry.strip() for entry in addresses.split(",")]
+    for entry in entries:
+        host, colon, port = entry.rpartition(":")
+        if not (colon and host and port.isdigit() and int(port) <= 65535):
+            raise ValueError(f"expected host:port (or a comma-separated list of them), got {entry!r} in {addresses!r}")
+    twice = sorted({entry for entry in entries if entries.count(entry) > 1})
+    if twice:
+        raise ValueError(f"{', '.join(twice)} listed more than once in {addresses!r}")
+    return entries
+
+
+#: host:port of every replica of a service, comma-separated; validated as split_addresses says.
+AddressList = Annotated[str, AfterValidator(lambda value: ",".join(split_addresses(value)))]
 
 
 class Settings(BaseModel):

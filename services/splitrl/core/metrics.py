@@ -43,6 +43,7 @@ HOP_LATENCY = "splitrl_hop_latency_seconds"
 LEARNER_UPDATES = "splitrl_learner_updates"
 LEARNER_LOSS = "splitrl_learner_loss"
 POLICY_LAG = "splitrl_policy_lag"
+STREAMS_OPENED = "splitrl_streams_opened"
 #: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
 WORKER_CPU_SECONDS = "splitrl_worker_cpu_seconds"
 WORKER_RESIDENT_BYTES = "splitrl_worker_resident_memory_bytes"
@@ -286,6 +287,13 @@ class Metrics:
         )
         self.streams_open = Gauge(
             "splitrl_streams_open", "Client streams this server is serving now.", ["method"], registry=registry
+        )
+        self.streams_opened = Counter(
+            STREAMS_OPENED,
+            "Streams this client opened to each replica of a service (core.replicas spreads them round-robin; a "
+            "reconnect opens one more). Label replica: its host:port, one of the configured list.",
+            ["service", "replica"],
+            registry=registry,
         )
         self.video_psnr = Summary(
             "splitrl_video_psnr_db",

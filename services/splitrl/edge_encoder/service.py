@@ -1,5 +1,9 @@
 """Edge-encoder service: serves the environment's stream and dials inference, one stream per environment.
 
+With several inference replicas (`--inference-address a,b`) the environment
+streams are spread evenly over them, and kept so as replicas go and come back
+(core.replicas): a stream moves between two steps, as if it had broken.
+
 For every vector step it updates the env's frame stacks and forwards what the
 mode puts on the WAN: activations of the CNN encoder (split modes), or
 the newest uint8 frame, an H.264 packet per env, or the bf16 stack (cloud).
@@ -33,6 +37,7 @@ from splitrl.core.framestack import FrameStacker
 from splitrl.core.lockstep import LockstepStream
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
+from splitrl.core.replicas import Lease, Replicas
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
@@ -84,7 +89,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             backoff=Backoff.of(settings),
         )
         self._link_loop = BackgroundLoop("learner link")
-        self._channel: grpc.aio.Channel | None = None
+        self._inference: Replicas | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         rollout_pb2_grpc.add_EdgeEncoderServicer_to_server(self, server)
@@ -96,14 +101,14 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         return self._link_loop.failure
 
     async def start(self) -> None:
-        self._channel = rpc.dial(self.settings.inference_address, self.settings)
+        self._inference = Replicas("inference", self.settings.inference_address, self.settings, self.metrics)
         if self.settings.mode != "cloud":
             self._link_loop.start(self.learner_link.run)
 
     async def stop(self) -> None:
         await self._link_loop.cancel()
-        if self._channel is not None:
-            await self._channel.close(grace=None)
+        if self._inference is not None:
+            await self._inference.close()
         # On the compute thread, after any training step already queued there.
         await asyncio.get_running_loop().run_in_executor(self._compute, self.trainer.save_checkpoint)
         self._compute.shutdown(wait=True)
@@ -112,8 +117,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[rollout_pb2.EnvAction]:
         env_run_id = dict(context.invocation_metadata() or ()).get(codecs.RUN_ID_METADATA_KEY) or codecs.new_run_id()
+        assert self._inference is not None, "start() not called"
         stream = _EnvStream(self.settings)
-        upstream = _ActStream(env_run_id)
+        upstream = _ActStream(env_run_id, self._inference)
         redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=_passed_on)
         try:
             async for step in request_iterator:
@@ -143,6 +149,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         In video mode `frames` are encoded here, by the encoders of the Act stream that carries them.
         """
         while True:
+            if upstream.lease is not None and upstream.replicas.should_move(upstream.lease):
+                moved = upstream.close()
+                log.info("env run %s: run %s moves to even out inference replicas", upstream.env_run_id, moved)
             call = upstream.call or self._open(upstream)
             request.sequence = upstream.sequence
             if upstream.video is not None:
@@ -157,7 +166,6 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 await redial.lost(error, what)
 
     def _open(self, upstream: _ActStream) -> grpc.aio.StreamStreamCall:
-        assert self._channel is not None, "start() not called"
         # The first Act stream carries the environment's run id; each reopened one a new id derived from it.
         upstream.run_id = upstream.env_run_id if upstream.opened == 0 else f"{upstream.env_run_id}.{upstream.opened}"
         upstream.opened += 1
@@ -166,11 +174,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             (codecs.EDGE_ID_METADATA_KEY, self.settings.edge_id),
             (codecs.RUN_ID_METADATA_KEY, upstream.run_id),
         )
-        upstream.call = rollout_pb2_grpc.InferenceStub(self._channel).Act(metadata=metadata)
+        upstream.lease = lease = upstream.replicas.acquire()
+        upstream.call = rollout_pb2_grpc.InferenceStub(lease.channel).Act(metadata=metadata)
         upstream.sequence = 0
         if self.stream_kind == "video":  # fresh encoders: the new stream's first packets are keyframes
             upstream.video = VideoStreamEncoder(self.settings.frame_size, self.settings)
-        log.info("env run %s: Act stream to inference open as run %s", upstream.env_run_id, upstream.run_id)
+        log.info("env run %s: Act stream to %s open as run %s", upstream.env_run_id, lease.address, upstream.run_id)
         return upstream.call
 
     async def _exchange(
@@ -247,10 +256,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 class _ActStream:
     """The Act stream that serves one environment stream now; replaced (new run id) whenever it breaks."""
 
-    def __init__(self, env_run_id: str) -> None:
+    def __init__(self, env_run_id: str, replicas: Replicas) -> None:
         self.env_run_id = env_run_id
+        self.replicas = replicas
         self.run_id = ""
         self.call: grpc.aio.StreamStreamCall | None = None
+        self.lease: Lease | None = None  # the inference replica `call` is open on
         self.video: VideoStreamEncoder | None = None  # cloud h264: this call's encoders, one per env
         self.sequence = 0  # of the next ActRequest on `call`
         self.opened = 0  # Act streams opened so far for this environment stream
@@ -260,6 +271,9 @@ class _ActStream:
         if self.call is not None:
             self.call.cancel()
             self.call = None
+        if self.lease is not None:
+            self.replicas.release(self.lease)
+            self.lease = None
         self.video = None  # its encoders served that call only
         return self.run_id
 

@@ -6,7 +6,15 @@ from pathlib import Path
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings, VideoSettings
+from splitrl.core.config import (
+    AddressList,
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    ServerSettings,
+    Settings,
+    VideoSettings,
+)
 
 
 class EncoderTrainingSettings(Settings):
@@ -21,7 +29,11 @@ class EdgeEncoderSettings(
 ):
     """Settings of `splitrl serve edge-encoder`. `seed` sets the encoder's initial weights: the learner's must match."""
 
-    inference_address: str = Field("127.0.0.1:50052", description="host:port of inference (the edge dials out).")
+    inference_address: AddressList = Field(
+        "127.0.0.1:50052",
+        description="host:port of inference (the edge dials out); several, comma-separated, for inference "
+        "replicas: each environment stream goes to the next replica in turn, and moves on when its stream breaks.",
+    )
     edge_id: str = Field(
         default_factory=socket.gethostname, description="Name of this edge in logs (not a metric label)."
     )

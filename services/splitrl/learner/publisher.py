@@ -9,18 +9,23 @@ same version again). A version inference refuses (e.g. older than what it
 holds, from a learner resumed from an older checkpoint) is logged and skipped,
 and the publisher dials again for the next offer: the one redial loop that
 retries refusals, deliberately (`retry_refusals`).
+
+With inference replicas, `WeightsBroadcast` runs one publisher per replica:
+each gets every version on its own stream, so a slow or restarting replica
+holds back none of the others.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import grpc
 
 from splitrl.core import rpc
 from splitrl.core.backoff import Backoff
-from splitrl.core.config import TransportSettings
+from splitrl.core.config import TransportSettings, split_addresses
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial, describe, is_refusal
 from splitrl.v1 import weights_pb2, weights_pb2_grpc
@@ -134,3 +139,35 @@ class WeightsPublisher:
         self._redial.answered()
         self._changed.set()
         log.debug("inference acknowledged weights version %d", ack.version)
+
+
+class WeightsBroadcast:
+    """A WeightsPublisher per inference replica at `addresses` (AddressList), offered to and awaited as one."""
+
+    def __init__(
+        self,
+        addresses: str,
+        transport: TransportSettings,
+        metrics: Metrics,
+        new_backoff: Callable[[], Backoff],
+        ack_timeout_s: float,
+    ) -> None:
+        """`new_backoff()`: a Backoff for each replica's redial loop (one per loop: it counts that loop's failures)."""
+        self.publishers = [
+            WeightsPublisher(address, transport, metrics, new_backoff(), ack_timeout_s)
+            for address in split_addresses(addresses)
+        ]
+
+    def offer(self, message: weights_pb2.Weights) -> None:
+        """Make `message` the weights every replica is to hold."""
+        for publisher in self.publishers:
+            publisher.offer(message)
+
+    async def delivered(self, version: int, timeout_s: float) -> bool:
+        """Wait until every replica acknowledged `version` (or newer); False if one did not within `timeout_s`."""
+        answers = await asyncio.gather(*(publisher.delivered(version, timeout_s) for publisher in self.publishers))
+        return all(answers)
+
+    async def run(self) -> None:
+        """Keep every replica's stream open and up to date until cancelled."""
+        await asyncio.gather(*(publisher.run() for publisher in self.publishers))

@@ -16,40 +16,29 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import torch
 
-from splitrl.core import checkpoint, rpc, trajectory, weights
+from splitrl.core import checkpoint, trajectory, weights
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.metrics import Metrics
 from splitrl.core.models import cloud_network
-from splitrl.core.redial import Redial, describe, is_refusal
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.edges import EdgeLinks
-from splitrl.learner.publisher import WeightsPublisher
+from splitrl.learner.publisher import WeightsBroadcast
+from splitrl.learner.sampler import ReplaySampler, SampledChunk
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer, UpdateStats
 from splitrl.replay.selectors import importance_weights
-from splitrl.v1 import replay_pb2, replay_pb2_grpc, training_pb2_grpc
+from splitrl.v1 import training_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class SampledChunk:
-    """What replay said about one sampled chunk: its key, the probability it was drawn with, the table size."""
-
-    key: int
-    probability: float
-    table_size: int
-
-
-SAMPLE_WAIT_S = 5.0
 EDGE_WAIT_LOG_S = 10.0
 
 
@@ -62,7 +51,6 @@ class LearnerService(LoopService):
         metrics.run.info(
             {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
         )
-        self.replay_meter = LinkMeter(metrics, "replay-learner")
         self.edges: EdgeLinks | None = None
         if settings.mode != "cloud":
             self.edges = EdgeLinks(
@@ -88,7 +76,6 @@ class LearnerService(LoopService):
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
-        self._replay = Redial("replay", Backoff.of(settings), metrics)
 
     @property
     def trainer(self) -> Trainer:
@@ -135,58 +122,49 @@ class LearnerService(LoopService):
     async def run(self) -> None:
         """Train until `max_updates` (or until stopped). A lost replay or inference is waited for, never fatal."""
         s = self.settings
-        publisher = WeightsPublisher(
-            s.inference_address, s, self.metrics, Backoff.of(s), ack_timeout_s=s.publish_timeout_s
+        publisher = WeightsBroadcast(
+            s.inference_address, s, self.metrics, lambda: Backoff.of(s), ack_timeout_s=s.publish_timeout_s
         )
         await self.ready()
         publishing = asyncio.create_task(publisher.run(), name="weights publisher")
+        replay = ReplaySampler(s.replay_address, s.replay_table, s, self.metrics, lambda: Backoff.of(s))
         try:
-            async with rpc.dial(s.replay_address, s) as replay:
-                replay_stub = replay_pb2_grpc.ReplayStub(replay)
-                loop = asyncio.get_running_loop()
-                if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
-                    publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
-                while not s.max_updates or self.version < s.max_updates:
-                    chunks, sampled = await self._collect(replay_stub)
-                    await self._wait_for_an_edge()
-                    batch = Batch.stack(chunks, self._importance_weights(sampled))
-                    self._update = self._executor.submit(self.trainer.update, batch)
-                    stats = await asyncio.wrap_future(self._update)
-                    self._update = None
-                    if stats.optimizer_steps == 0:
-                        log.warning("no row of this batch could be trained (edges gone?); the policy is unchanged")
-                        continue
-                    self.version += 1
-                    self._record(stats)
-                    if s.priority_updates:
-                        await self._update_priorities(replay_stub, sampled, stats.chunk_priorities)
-                    # Serialized here, between updates, while the trainer thread is idle; delivered in the background.
-                    publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
-                    if self.version % s.checkpoint_every == 0:
-                        await loop.run_in_executor(self._executor, self._checkpoint)
-                if self.version > 0 and not await publisher.delivered(self.version, s.publish_timeout_s):
-                    log.warning("inference did not acknowledge version %d before the learner finished", self.version)
+            loop = asyncio.get_running_loop()
+            if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
+                publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
+            while not s.max_updates or self.version < s.max_updates:
+                chunks, sampled = await self._collect(replay)
+                await self._wait_for_an_edge()
+                batch = Batch.stack(chunks, self._importance_weights(sampled))
+                self._update = self._executor.submit(self.trainer.update, batch)
+                stats = await asyncio.wrap_future(self._update)
+                self._update = None
+                if stats.optimizer_steps == 0:
+                    log.warning("no row of this batch could be trained (edges gone?); the policy is unchanged")
+                    continue
+                self.version += 1
+                self._record(stats)
+                if s.priority_updates:  # each chunk's mean |advantage|, computed before the update
+                    await replay.update_priorities(sampled, stats.chunk_priorities)
+                # Serialized here, between updates, while the trainer thread is idle; delivered in the background.
+                publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
+                if self.version % s.checkpoint_every == 0:
+                    await loop.run_in_executor(self._executor, self._checkpoint)
+            if self.version > 0 and not await publisher.delivered(self.version, s.publish_timeout_s):
+                log.warning("inference did not acknowledge version %d before the learner finished", self.version)
         finally:
             publishing.cancel()
             await asyncio.gather(publishing, return_exceptions=True)
+            await replay.close()
 
-    async def _collect(self, stub: replay_pb2_grpc.ReplayStub) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
+    async def _collect(self, replay: ReplaySampler) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
         """Sample until `chunks_per_update` fresh-enough chunks are in hand; also return what replay said of each."""
         s = self.settings
         chunks: list[TrajectoryTensors] = []
         sampled: list[SampledChunk] = []
         while len(chunks) < s.chunks_per_update:
-            request = replay_pb2.SampleRequest(table=s.replay_table, num_items=s.chunks_per_update - len(chunks))
-            self.replay_meter.sent(request, phase="training", payload="request")
-            try:
-                response = await stub.Sample(request, timeout=SAMPLE_WAIT_S)
-            except grpc.aio.AioRpcError as error:  # a refusal (e.g. an unknown table) is raised
-                await self._replay.lost(error, f"sample from replay {s.replay_address}")
-                continue
-            self._replay.answered()
-            self.replay_meter.received(response, phase="training", payload="batch")
-            self.samples_consumed += len(response.items)
-            for item in response.items:
+            for item, drawn in await replay.sample(s.chunks_per_update - len(chunks)):
+                self.samples_consumed += 1
                 self.last_sampled_key = item.key
                 chunk = trajectory.from_proto(item.trajectory)
                 lag = self.version - int(chunk.policy_versions.min())
@@ -195,7 +173,7 @@ class LearnerService(LoopService):
                     self.metrics.stale_chunks_dropped.inc()
                     continue
                 chunks.append(chunk)
-                sampled.append(SampledChunk(item.key, item.probability, max(item.table_size, 1)))
+                sampled.append(drawn)
         return chunks, sampled
 
     def _importance_weights(self, sampled: list[SampledChunk]) -> torch.Tensor:
@@ -204,27 +182,6 @@ class LearnerService(LoopService):
         return importance_weights(
             [c.probability for c in sampled], [c.table_size for c in sampled], self.settings.importance_beta
         )
-
-    async def _update_priorities(
-        self, stub: replay_pb2_grpc.ReplayStub, sampled: list[SampledChunk], priorities: list[float]
-    ) -> None:
-        """Prioritized replay: each chunk's new priority is its mean |advantage| (computed before the update).
-
-        Best effort: a slow or stopping replay costs one round of priorities, not the learner.
-        """
-        request = replay_pb2.UpdatePrioritiesRequest(
-            table=self.settings.replay_table,
-            updates=[replay_pb2.KeyPriority(key=c.key, priority=p) for c, p in zip(sampled, priorities, strict=True)],
-        )
-        self.replay_meter.sent(request, phase="training", payload="request")
-        try:
-            response = await stub.UpdatePriorities(request, timeout=SAMPLE_WAIT_S)
-        except grpc.aio.AioRpcError as error:
-            if is_refusal(error):
-                raise
-            log.warning("priority update failed (%s); these chunks keep their priorities", describe(error))
-            return
-        self.replay_meter.received(response, phase="training", payload="ack")
 
     async def _wait_for_an_edge(self) -> None:
         """Split modes: the encoder trains on the edges, so an update waits until one is connected."""

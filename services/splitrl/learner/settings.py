@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
+from splitrl.core.config import AddressList, EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
 
 #: split-accumulate's share of rows that train the encoder when `encoder_fraction` is unset (split's is 1).
 ACCUMULATE_ENCODER_FRACTION = 0.25
@@ -61,9 +61,17 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
     """Settings of `splitrl serve learner`. `seed` sets the initial weights and minibatch shuffling; in split
     modes the encoder trains on the edges that dial in (port --port)."""
 
-    replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where batches come from.")
+    replay_address: AddressList = Field(
+        "127.0.0.1:50053",
+        description="host:port of replay, where batches come from; several, comma-separated, for replay shards "
+        "(each draw takes its share from every shard).",
+    )
     replay_table: str = Field("rollouts", description="Replay table to sample from.")
-    inference_address: str = Field("127.0.0.1:50052", description="host:port of inference, where weights go.")
+    inference_address: AddressList = Field(
+        "127.0.0.1:50052",
+        description="host:port of inference, where weights go; several, comma-separated, for inference replicas "
+        "(every version goes to each).",
+    )
     max_policy_lag: int = Field(
         10, ge=0, description="Drop chunks whose oldest action is more than this many versions behind."
     )

@@ -24,7 +24,7 @@ from splitrl.core import scrape
 from splitrl.core.args import env_name, settings_argv
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import ServerSettings
-from splitrl.run.plan import START_ORDER, amended
+from splitrl.run.plan import amended, service_of
 
 
 @dataclass
@@ -52,8 +52,8 @@ def _die_with_parent() -> None:
 def spawn(
     name: str, settings: ServerSettings, run_dir: Path, prefix: Sequence[str] = (), append_log: bool = False
 ) -> Child:
-    """Start one service process with `settings` (a port_file is required); it is stopped with the others even if
-    it never becomes ready.
+    """Start instance `name` (a service, or a replica of one: run.plan.instance_names) as its own process with
+    `settings` (a port_file is required); it is stopped with the others even if it never becomes ready.
 
     `prefix` goes before the command, e.g. ("ip", "netns", "exec", NS), which execs in place (same pid).
     `append_log`: a restart adds to the service's log instead of replacing it.
@@ -61,7 +61,7 @@ def spawn(
     port_file = settings.port_file
     if port_file is None:
         raise ValueError(f"{name}: a spawned service needs a port_file to say it serves")
-    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", name, *settings_argv(settings)]
+    command = [*prefix, sys.executable, "-m", "splitrl.cli.main", "serve", service_of(name), *settings_argv(settings)]
     port_file.unlink(missing_ok=True)  # a reused run dir must not hand out old ports
     log = (run_dir / "logs" / f"{name}.log").open("ab" if append_log else "wb")
     process = subprocess.Popen(
@@ -118,10 +118,10 @@ def stop_child(child: Child, timeout_s: float) -> None:
 
 
 def stop_all(children: dict[str, Child]) -> None:
-    """Stop every started service, upstream first, so each drains into the next."""
-    for name in reversed(START_ORDER):
-        if name in children:
-            stop_child(children[name], timeout_s=15.0)
+    """Stop every started service, upstream first (the reverse of the order they started in), so each drains
+    into the next."""
+    for name in reversed(list(children)):
+        stop_child(children[name], timeout_s=15.0)
 
 
 class GaveUp(RuntimeError):
@@ -129,7 +129,7 @@ class GaveUp(RuntimeError):
 
 
 class Supervisor:
-    """A run's service processes: started in START_ORDER, and restarted with the same flags and ports when one
+    """A run's service processes (`instances`, in start order), restarted with the same flags and ports when one
     dies mid-run (peers redial the same address), as compose and Kubernetes restart a crashed container.
 
     A death is any exit while the run goes on, except the environment exiting 0 (its step budget is done).
@@ -142,6 +142,7 @@ class Supervisor:
     def __init__(
         self,
         run_dir: Path,
+        instances: Sequence[str],
         settings_for: Callable[[str], ServerSettings | None],
         *,
         max_restarts: int,
@@ -150,19 +151,19 @@ class Supervisor:
     ) -> None:
         """`settings_for(name)`: the service's settings now (ports are pinned here after the first start); None
         only for the environment, when it has no steps left to take."""
-        self.run_dir, self.settings_for = run_dir, settings_for
+        self.run_dir, self.instances, self.settings_for = run_dir, tuple(instances), settings_for
         self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
         self.children: dict[str, Child] = {}
         self.restarts: dict[str, int] = {}
         self._ports: dict[str, dict[str, int]] = {}
-        self._backoffs = {name: backoff() for name in START_ORDER}
+        self._backoffs = {name: backoff() for name in self.instances}
         self._last_text: dict[str, str] = {}
-        self._retired: dict[str, list[str]] = {name: [] for name in START_ORDER}
+        self._retired: dict[str, list[str]] = {name: [] for name in self.instances}
         self._finished: set[str] = set()
 
     def start_all(self) -> None:
         """Start every service in order, each once the one it dials serves (StartFailed if one cannot)."""
-        for name in START_ORDER:
+        for name in self.instances:
             settings = self.settings_for(name)
             if settings is None:
                 raise StartFailed(f"{name}: nothing to start it for")

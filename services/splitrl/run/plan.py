@@ -5,6 +5,12 @@ A run is described once (`RunSettings`). Each service's model inherits some of t
 placement knows (addresses, ports, files). Building the models here validates every value before any
 process starts: a wrong key or value fails in the parent, naming the service. `splitrl up`, the benches and
 the integration tests' stack all start services from a plan.
+
+A plan is keyed by instance: a service's name, or for replica K >= 1 of a replicated service (inference,
+`--inference-replicas`; replay, `--replay-shards`) NAME-K. Replica 0 keeps the plain name, so a run without
+replicas is named as before. Each replica has its own ports, log and final metrics, and the service's
+certificate. The learner and the edge dial every inference replica, the learner every replay shard (a
+comma-separated address list); inference replica r writes to replay shard r mod K.
 """
 
 from __future__ import annotations
@@ -34,6 +40,29 @@ SERVICE_SETTINGS: dict[str, type[ServerSettings]] = {
     "environment": EnvironmentSettings,
 }
 S = TypeVar("S", bound=ServerSettings)
+
+
+def replica_count(run: RunSettings, service: str) -> int:
+    """Processes `service` runs as in `run`: inference replicas, replay shards, one of each other service."""
+    return {"inference": run.inference_replicas, "replay": run.replay_shards}.get(service, 1)
+
+
+def replica_name(service: str, replica: int) -> str:
+    """The instance name of replica `replica` of `service`: NAME for replica 0, NAME-K after it."""
+    return service if replica == 0 else f"{service}-{replica}"
+
+
+def instance_names(run: RunSettings) -> list[str]:
+    """Every process of `run`, in start order: each service's replicas (NAME, NAME-1, ...) in START_ORDER."""
+    return [replica_name(service, k) for service in START_ORDER for k in range(replica_count(run, service))]
+
+
+def service_of(instance: str) -> str:
+    """The service an instance name runs ("inference-1" -> "inference"; "edge-encoder" -> itself)."""
+    service, _, replica = instance.rpartition("-")
+    return service if replica.isdigit() and service in SERVICE_SETTINGS else instance
+
+
 #: The address of a service that does not serve yet; plan again once it does (services start in START_ORDER).
 NOT_SERVING = "127.0.0.1:0"
 
@@ -84,23 +113,34 @@ def plan(
     hosts: Mapping[str, str] | None = None,
     done_steps: int = 0,
 ) -> dict[str, ServerSettings]:
-    """Every service's settings, in START_ORDER.
+    """Every instance's settings (see instance_names), in start order.
 
-    `addresses`: host:port each serving service is dialled at (NOT_SERVING for the rest). `hosts`: the
-    address each service binds to (127.0.0.1 unless given). `done_steps`: agent steps earlier segments of a
-    resumed run took; the environment takes the rest, on tracks it has not played. Ports are 0 (the service
-    picks one and writes it to RUN_DIR/NAME.ports.json). ValueError names the service whose settings fail.
+    `addresses`: host:port each serving instance is dialled at (a service none of whose replicas serves is
+    NOT_SERVING). `hosts`: the address each instance binds to (127.0.0.1 unless given). `done_steps`: agent
+    steps earlier segments of a resumed run took; the environment takes the rest, on tracks it has not played.
+    Ports are 0 (the instance picks one and writes it to RUN_DIR/NAME.ports.json). ValueError names the
+    instance whose settings fail.
     """
     if done_steps >= run.steps:
         raise ValueError(f"the run took {done_steps} of its {run.steps} steps already: nothing left to plan")
     addresses, hosts = addresses or {}, hosts or {}
 
+    instances = instance_names(run)
+
     def address(of: str) -> str:
-        return addresses.get(of, NOT_SERVING)
+        """Where `of` is dialled: the address of each of its serving replicas, comma-separated."""
+        serving = [addresses[name] for name in instances if service_of(name) == of and name in addresses]
+        return ",".join(serving) or NOT_SERVING
+
+    def shard_of(inference: str) -> str:
+        """The replay shard inference replica r writes to: shard r mod K (so every chunk of a stream goes to one
+        shard, where dedup and order hold)."""
+        replica = instances.index(inference) - instances.index("inference")
+        return addresses.get(replica_name("replay", replica % run.replay_shards), NOT_SERVING)
 
     placement: dict[str, dict[str, Any]] = {
         "replay": {},
-        "inference": {"replay_address": address("replay")},
+        "inference": {},  # its shard: per replica, below
         "learner": {
             "replay_address": address("replay"),
             "inference_address": address("inference"),
@@ -114,20 +154,21 @@ def plan(
         "environment": {"encoder_address": address("edge-encoder")},
     }
     planned = {}
-    for name in START_ORDER:
-        model = SERVICE_SETTINGS[name]
+    for name in instances:
+        service = service_of(name)
         values = {
-            **run_values(run, name, done_steps),
+            **run_values(run, service, done_steps),
             "host": hosts.get(name, "127.0.0.1"),
             "port": 0,
             "metrics_port": 0,
             "port_file": run_dir / f"{name}.ports.json",
             "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
-            **tls_values(name, run, run_dir),
-            **placement[name],
+            **tls_values(service, run, run_dir),
+            **placement[service],
+            **({"replay_address": shard_of(name)} if service == "inference" else {}),
         }
         try:
-            planned[name] = model(**values)
+            planned[name] = SERVICE_SETTINGS[service](**values)
         except ValueError as error:
             raise ValueError(f"{name}: {error}") from None
     return planned

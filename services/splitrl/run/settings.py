@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode, VideoSettings
 from splitrl.edge_encoder.settings import EncoderTrainingSettings
@@ -45,6 +45,20 @@ class RunSettings(
     tensorboard: bool = Field(
         True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
     )
+    inference_replicas: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Inference processes: environment streams (--env-groups) are spread over them round-robin, "
+        "and the learner publishes every version to each (instances inference, inference-1, ...).",
+    )
+    replay_shards: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Replay servers (replay, replay-1, ...): inference replica r writes to shard r mod K, and the "
+        "learner samples every shard; at most --inference-replicas, so that every shard is written.",
+    )
     max_restarts: int = Field(
         5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
     )
@@ -53,6 +67,15 @@ class RunSettings(
         description="gRPC links between the services: mtls (a throwaway CA and certificates under "
         "RUN_DIR/tls/), tls, or plaintext (unencrypted and unauthenticated, with a warning).",
     )
+
+    @model_validator(mode="after")
+    def _every_shard_written(self) -> RunSettings:
+        if self.replay_shards > self.inference_replicas:
+            raise ValueError(
+                f"replay_shards={self.replay_shards} exceeds inference_replicas={self.inference_replicas}: each "
+                "inference replica writes to one shard, so a shard beyond them would never be written"
+            )
+        return self
 
 
 #: The groups a run shares with services (RunSettings' bases): `plan` copies exactly these fields to each service
