@@ -219,3 +219,19 @@ class LearningBenchSettings(Settings):
         description="Also train Stable-Baselines3 PPO on the same env, recipe and frames per seed (row sb3-ppo; "
         "needs the sb3 extra).",
     )
+
+
+class ReplicasBenchSettings(Settings):
+    """What inference replicas buy and cost, side by side in one run: simulated edge streams (split mode, one
+    env each, random activations) into 1, then N inference replicas, each a process started as `splitrl up`
+    starts it; env steps/s, step latency, batch sizes and inference CPU per replica count."""
+
+    streams: int = Field(64, ge=1, le=4096, description="Simulated edge streams (one lockstep Act stream each).")
+    replica_counts: CommaList[Annotated[int, Field(ge=1, le=16)]] = Field(
+        [1, 2], description="Comma-separated inference replica counts, measured in this order."
+    )
+    seconds: float = Field(10.0, gt=0, description="Seconds measured per replica count, after the warm-up.")
+    warmup_s: float = Field(2.0, ge=0, description="Seconds of load before measuring (connections, first batches).")
+    width: int = Field(256, ge=1, le=65536, description="Activation width the streams send (bf16).")
+    torch_threads: int = Field(1, ge=1, le=256, description="torch threads in each inference process.")
+    out: Path = Field(Path("runs/bench-replicas"), description="Output directory: replicas.md, replicas.json, logs.")

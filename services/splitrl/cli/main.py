@@ -1,6 +1,6 @@
 """`splitrl`: run one service (`serve SERVICE`), train locally (`up`, `up --resume RUN_DIR`), play a trained
-agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark (`bench network|framing|learning|throughput`)
-or report on runs (`report RUN_DIR...`)."""
+agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark
+(`bench network|framing|learning|throughput|replicas`) or report on runs (`report RUN_DIR...`)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,12 @@ def build_parser() -> argparse.ArgumentParser:
 def _benches() -> dict[str, tuple[Any, str]]:
     """`splitrl bench NAME`: its settings class and help line (settings modules are light to import)."""
     from splitrl.bench.framing import FramingSettings
-    from splitrl.bench.settings import LearningBenchSettings, NetworkBenchSettings, ThroughputBenchSettings
+    from splitrl.bench.settings import (
+        LearningBenchSettings,
+        NetworkBenchSettings,
+        ReplicasBenchSettings,
+        ThroughputBenchSettings,
+    )
 
     return {
         "network": (
@@ -145,6 +150,10 @@ def _benches() -> dict[str, tuple[Any, str]]:
         "throughput": (
             ThroughputBenchSettings,
             "Env steps/s of the stack per mode vs a single-process loop; hop latency, CPU; link vs raw TCP.",
+        ),
+        "replicas": (
+            ReplicasBenchSettings,
+            "Simulated edge streams into 1 vs N inference replicas: env steps/s, latency, batches, CPU.",
         ),
     }
 
@@ -242,6 +251,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.bench.framing import run_framing_bench
     from splitrl.bench.learning import run_learning_bench
     from splitrl.bench.network import run_network_bench
+    from splitrl.bench.replicas import run_replicas_bench
     from splitrl.bench.throughput import run_throughput_bench
 
     runners: dict[str, Callable[[Any], int]] = {
@@ -249,6 +259,7 @@ def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         "framing": run_framing_bench,
         "learning": run_learning_bench,
         "throughput": run_throughput_bench,
+        "replicas": run_replicas_bench,
     }
     settings_cls, _ = _benches()[args.bench]
     try:
