@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -131,3 +132,36 @@ def test_two_inference_replicas_share_the_streams_and_a_killed_one_is_restarted(
         assert scrape.total([text], "splitrl_inference_batch_size_sum") > 0, name
         assert scrape.total([text], "splitrl_policy_version") > 0, name
     assert "---- splitrl up: inference-1 exited" in (run_dir / "logs" / "inference-1.log").read_text()  # its own log
+
+
+def test_a_killed_data_parallel_learner_rank_restarts_the_group_from_rank_0s_checkpoint(tmp_path):
+    """--learners 2 (cloud): SIGKILL rank 1 mid-run. Rank 0's next all-reduce fails, so it exits too; both are
+    restarted, rank 0 resumes from its checkpoint and rank 1 takes its state (as torch elastic restarts a job),
+    and the run reaches its steps with both ranks' final weights identical."""
+    run_dir = tmp_path / "run"
+    with socket.socket() as probe:  # a free port for the rendezvous, so parallel runs never meet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    steps = 3 * STEPS  # rank 0 checkpoints every 10 updates: kill after one, with time left to go on
+    extra = ("--learners", "2", "--learner-rendezvous-port", str(port))
+    up = start_up(run_dir, "--mode", "cloud", "--steps", str(steps), *extra)
+    try:
+        wait_for_updates(run_dir, 12)
+        os.kill(service_pid(run_dir, "learner-1"), signal.SIGKILL)
+        out, err = up.communicate(timeout=300)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, out + err
+    assert "learner-1 exited with code -9; restart 1 of 5" in err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"]["learner-1"] == 1 and summary["env_steps"] >= steps
+    logs = {name: (run_dir / "logs" / f"{name}.log").read_text() for name in ("learner", "learner-1")}
+    assert "resumed from" in logs["learner"], "rank 0 did not restart from its checkpoint"
+    resumed = [line for line in logs["learner-1"].splitlines() if "rank 1 of 2: joined at policy version" in line]
+    assert len(resumed) >= 2 and not resumed[-1].endswith("version 0"), resumed  # took rank 0's version
+    checksums = {
+        name: scrape.total([(run_dir / "metrics" / f"{name}.prom").read_text()], "splitrl_learner_weights_checksum")
+        for name in ("learner", "learner-1")
+    }
+    assert checksums["learner"] == checksums["learner-1"] != 0, checksums

@@ -12,14 +12,12 @@ import asyncio
 import time
 from pathlib import Path
 
-import torch
-
-from splitrl.core import rpc, scrape, wire
+from splitrl.bench.replicas import simulated_edge
+from splitrl.core import rpc, scrape
 from splitrl.inference.service import InferenceService
 from splitrl.inference.settings import InferenceSettings
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
-from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 from tests.integration.stack import FAST_ENV, address, start
 
 STREAMS = 64
@@ -37,32 +35,6 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS in /proc/self/status")
-
-
-async def edge_stream(channel, index: int, stop_at: float, latencies: list[float]) -> int:
-    """One light edge: a split-mode Act stream with one env, random activations, until `stop_at`; returns answers."""
-    call = rollout_pb2_grpc.InferenceStub(channel).Act(
-        metadata=(("splitrl-codec", "activation"), ("splitrl-run-id", f"load-{index}"))
-    )
-    observations = wire.encode(torch.randn(1, WIDTH), wire.DType.DTYPE_BFLOAT16)
-    answers = 0
-    while time.perf_counter() < stop_at:
-        request = rollout_pb2.ActRequest(
-            sequence=answers,
-            observations=observations,
-            rewards=[0.0],
-            terminated=[False],
-            truncated=[False],
-            first_step_id=index << 20 | answers,
-        )
-        sent = time.perf_counter()
-        await call.write(request)
-        response = await asyncio.wait_for(call.read(), 30)
-        assert response.sequence == answers, (index, response)
-        latencies.append(time.perf_counter() - sent)
-        answers += 1
-    await call.done_writing()
-    return answers
 
 
 async def test_64_streams_into_one_inference_are_all_served_with_growing_batches_and_bounded_memory():
@@ -83,8 +55,8 @@ async def test_64_streams_into_one_inference_are_all_served_with_growing_batches
     try:
         latencies: list[float] = []
         started = time.perf_counter()
-        stop_at = started + RUN_S
-        streams = [asyncio.create_task(edge_stream(channel, i, stop_at, latencies)) for i in range(STREAMS)]
+        window = (asyncio.get_running_loop().time(), asyncio.get_running_loop().time() + RUN_S)
+        streams = [asyncio.create_task(simulated_edge(channel, i, WIDTH, window, latencies)) for i in range(STREAMS)]
         await asyncio.sleep(WARM_UP_S)
         rss_warm = rss_mb()
         answers = await asyncio.wait_for(asyncio.gather(*streams), RUN_S + 30)

@@ -246,3 +246,30 @@ def test_replay_shards_are_instances_each_written_by_its_inference_replicas(tmp_
 def test_a_shard_no_inference_writes_to_is_refused():
     with pytest.raises(ValidationError, match="replay_shards=2 exceeds inference_replicas=1"):
         RunSettings(replay_shards=2)
+
+
+def test_data_parallel_learners_are_ranks_that_meet_at_rank_0(tmp_path: Path):
+    run = RUN.model_copy(update={"mode": "cloud", "learners": 2, "learner_rendezvous_port": 29999})
+    names = instance_names(run)
+    assert names[names.index("learner") : names.index("learner") + 2] == ["learner", "learner-1"]
+    planned = plan(run, tmp_path, {"learner": "127.0.0.1:5003", "learner-1": "127.0.0.1:5004"})
+    ranks = [planned[name] for name in ("learner", "learner-1")]
+    assert [(r.rank, r.world_size, r.rendezvous_address) for r in ranks] == [
+        (0, 2, "127.0.0.1:29999"),
+        (1, 2, "127.0.0.1:29999"),
+    ]
+    assert (ranks[0].checkpoint_dir, ranks[1].checkpoint_dir) == (tmp_path / "checkpoints", None)  # rank 0 saves
+    assert planned["edge-encoder"].learner_address == "127.0.0.1:5003"
+    assert plan(RUN, tmp_path)["learner"].world_size == 1  # one learner: no group
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"learners": 2, "mode": "split-accumulate"}, "learners=2 needs mode 'cloud'"),
+        ({"learners": 3, "mode": "cloud", "chunks_per_update": 8}, "chunks_per_update=8 must divide among learners=3"),
+    ],
+)
+def test_learners_that_cannot_train_together_are_refused_before_anything_starts(values, message):
+    with pytest.raises(ValidationError, match=message):
+        RunSettings(**values)

@@ -117,7 +117,7 @@ async def _drive(settings: ReplicasBenchSettings, addresses: str) -> tuple[int, 
         placed = list(pool.open_streams)
         counts = await asyncio.gather(
             *(
-                _stream(lease.channel, index, settings.width, (measure_from, stop_at), latencies)
+                simulated_edge(lease.channel, index, settings.width, (measure_from, stop_at), latencies)
                 for index, lease in enumerate(leases)
             )
         )
@@ -126,11 +126,12 @@ async def _drive(settings: ReplicasBenchSettings, addresses: str) -> tuple[int, 
     return sum(counts), latencies, placed
 
 
-async def _stream(
+async def simulated_edge(
     channel: grpc.aio.Channel, index: int, width: int, window: tuple[float, float], latencies: list[float]
 ) -> int:
     """One simulated edge: a split-mode Act stream of one env until the end of `window` (loop times); returns
-    the answers inside it, whose latencies (s) it appends to `latencies`."""
+    the answers inside it, whose latencies (s) it appends to `latencies` (also tests/integration/test_load.py's
+    streams). RuntimeError if an answer is not for the step just sent."""
     measure_from, stop_at = window
     call = rollout_pb2_grpc.InferenceStub(channel).Act(
         metadata=(("splitrl-codec", "activation"), ("splitrl-run-id", f"bench-{index}"))

@@ -242,7 +242,16 @@ class Metrics:
             ["method", "code"],
             registry=registry,
         )
-        self.learner_updates = Counter(LEARNER_UPDATES, "Policy updates completed by the learner.", registry=registry)
+        self.learner_updates = Counter(
+            LEARNER_UPDATES,
+            "Policy updates completed by the learner (with data-parallel learners: counted by rank 0 only).",
+            registry=registry,
+        )
+        self.learner_weights_checksum = Gauge(
+            "splitrl_learner_weights_checksum",
+            "Sum of the learner's weights after its last update (float64): the same on every data-parallel rank.",
+            registry=registry,
+        )
         self.learner_loss = Gauge(
             LEARNER_LOSS, "Mean of each loss term over the last update.", ["term"], registry=registry
         )

@@ -142,7 +142,8 @@ class WeightsPublisher:
 
 
 class WeightsBroadcast:
-    """A WeightsPublisher per inference replica at `addresses` (AddressList), offered to and awaited as one."""
+    """A WeightsPublisher per inference replica at `addresses` (AddressList; "" for none: a data-parallel rank
+    other than 0), offered to and awaited as one."""
 
     def __init__(
         self,
@@ -155,7 +156,7 @@ class WeightsBroadcast:
         """`new_backoff()`: a Backoff for each replica's redial loop (one per loop: it counts that loop's failures)."""
         self.publishers = [
             WeightsPublisher(address, transport, metrics, new_backoff(), ack_timeout_s)
-            for address in split_addresses(addresses)
+            for address in (split_addresses(addresses) if addresses else [])
         ]
 
     def offer(self, message: weights_pb2.Weights) -> None:

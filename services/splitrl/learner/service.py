@@ -5,6 +5,10 @@ weights in while its streams keep running (in-flight updates), so chunks in
 replay can be a few versions old. Their lag is measured, and chunks older
 than `max_policy_lag` versions are dropped and counted.
 
+With `world_size` > 1 (cloud mode) several learners train one policy as data-parallel ranks
+(`distributed.py`): each samples its share of every update, gradients are averaged every minibatch, and
+rank 0 alone publishes and checkpoints.
+
 Split modes train the actor-critic head here and the CNN encoder on the edge:
 edge-encoders dial this service's `EncoderTraining` stream (`edges.py`), and
 the trainer exchanges activations and gradients with them (`trainer.py`).
@@ -28,6 +32,7 @@ from splitrl.core.metrics import Metrics
 from splitrl.core.models import cloud_network
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edges import EdgeLinks
 from splitrl.learner.publisher import WeightsBroadcast
 from splitrl.learner.sampler import ReplaySampler, SampledChunk
@@ -76,6 +81,7 @@ class LearnerService(LoopService):
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
+        self.parallel: DataParallel | None = None  # joined on the training thread (`_build_trainer`)
 
     @property
     def trainer(self) -> Trainer:
@@ -94,10 +100,18 @@ class LearnerService(LoopService):
         await asyncio.shield(self._built)
 
     def _build_trainer(self) -> None:
-        """The trainer, with the checkpoint restored into it; `trainer` is set only once both are done."""
+        """The trainer, with the checkpoint restored into it and, with data-parallel ranks, the group joined and
+        rank 0's state taken; `trainer` is set only once all is done."""
+        s = self.settings
         try:
-            trainer = Trainer(self._network, self.settings, self.edges)
+            trainer = Trainer(self._network, s, self.edges)
             self._restore(trainer)
+            if s.world_size > 1:
+                log.info("rank %d of %d: joining the learners at %s", s.rank, s.world_size, s.rendezvous_address)
+                self.parallel = DataParallel(s.rank, s.world_size, s.rendezvous_address, s.rendezvous_timeout_s)
+                self.version = self.parallel.sync_state(trainer.network, trainer.optimizer, self.version)
+                trainer.parallel = self.parallel
+                log.info("rank %d of %d: joined at policy version %d", s.rank, s.world_size, self.version)
         except Exception:
             log.exception("building the trainer failed")  # logged here: stop() may come before run() sees it
             raise
@@ -112,6 +126,8 @@ class LearnerService(LoopService):
         if self.edges is not None:
             self.edges.close()  # an update still running gets no more answers from edges, so it ends soon
         # Off the event loop: the trainer thread may still need the loop to hear that edges are gone.
+        # The data-parallel group is left for the process's exit to tear down: after a rank died, destroying it
+        # waits on that rank, and a stopping learner must not.
         await asyncio.to_thread(self._executor.shutdown, wait=True)
         interrupted = self._update  # a concurrent future: cancelling the loop did not stop the thread's work
         finished = interrupted is not None and not interrupted.cancelled() and interrupted.exception() is None
@@ -123,7 +139,11 @@ class LearnerService(LoopService):
         """Train until `max_updates` (or until stopped). A lost replay or inference is waited for, never fatal."""
         s = self.settings
         publisher = WeightsBroadcast(
-            s.inference_address, s, self.metrics, lambda: Backoff.of(s), ack_timeout_s=s.publish_timeout_s
+            s.inference_address if s.rank == 0 else "",  # other ranks hold the same weights: rank 0 publishes
+            s,
+            self.metrics,
+            lambda: Backoff.of(s),
+            ack_timeout_s=s.publish_timeout_s,
         )
         await self.ready()
         publishing = asyncio.create_task(publisher.run(), name="weights publisher")
@@ -133,7 +153,7 @@ class LearnerService(LoopService):
             if self.version > 0:  # resumed: inference must act with the restored policy, or every chunk is stale
                 publisher.offer(weights.to_proto(self.version, self.trainer.network.state_dict()))
             while not s.max_updates or self.version < s.max_updates:
-                chunks, sampled = await self._collect(replay)
+                chunks, sampled = await self._collect(replay, s.chunks_per_update // s.world_size)
                 await self._wait_for_an_edge()
                 batch = Batch.stack(chunks, self._importance_weights(sampled))
                 self._update = self._executor.submit(self.trainer.update, batch)
@@ -157,13 +177,14 @@ class LearnerService(LoopService):
             await asyncio.gather(publishing, return_exceptions=True)
             await replay.close()
 
-    async def _collect(self, replay: ReplaySampler) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
-        """Sample until `chunks_per_update` fresh-enough chunks are in hand; also return what replay said of each."""
+    async def _collect(self, replay: ReplaySampler, count: int) -> tuple[list[TrajectoryTensors], list[SampledChunk]]:
+        """Sample until `count` fresh-enough chunks are in hand (this rank's share of an update); also return
+        what replay said of each."""
         s = self.settings
         chunks: list[TrajectoryTensors] = []
         sampled: list[SampledChunk] = []
-        while len(chunks) < s.chunks_per_update:
-            for item, drawn in await replay.sample(s.chunks_per_update - len(chunks)):
+        while len(chunks) < count:
+            for item, drawn in await replay.sample(count - len(chunks)):
                 self.samples_consumed += 1
                 self.last_sampled_key = item.key
                 chunk = trajectory.from_proto(item.trajectory)
@@ -192,7 +213,10 @@ class LearnerService(LoopService):
                 log.info("waiting for an edge-encoder to dial in before training")
 
     def _record(self, stats: UpdateStats) -> None:
-        self.metrics.learner_updates.inc()
+        if self.settings.rank == 0:  # one update of the group, however many ranks took part
+            self.metrics.learner_updates.inc()
+        if self.parallel is not None:
+            self.metrics.learner_weights_checksum.set(weights_checksum(self.trainer.network))
         self.metrics.policy_version.set(self.version)
         for term, value in stats.losses.items():
             self.metrics.learner_loss.labels(term=term).set(value)
@@ -213,7 +237,7 @@ class LearnerService(LoopService):
     def _checkpoint(self) -> None:
         """Model, optimizer, policy version, replay cursor and RNG states, atomically (core.checkpoint)."""
         path = self._checkpoint_path()
-        if path is None or self.version == 0 or self._trainer is None:
+        if path is None or self.version == 0 or self._trainer is None or self.settings.rank != 0:
             return
         state = {
             "version": self.version,

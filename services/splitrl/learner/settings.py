@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import AddressList, EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
@@ -98,3 +98,29 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
         "past it the stream is redialled.",
     )
     max_updates: int = Field(0, ge=0, description="Stop after this many updates (0: until stopped).")
+    rank: int = Field(0, ge=0, description="Data-parallel learners: this learner's rank (0 publishes, checkpoints).")
+    world_size: int = Field(
+        1, ge=1, le=64, description="Data-parallel learners: ranks training together (cloud mode; 1: alone)."
+    )
+    rendezvous_address: str = Field(
+        "127.0.0.1:29500",
+        description="Data-parallel learners: host:port of the TCP store rank 0 serves, where the ranks meet.",
+    )
+    rendezvous_timeout_s: float = Field(
+        120.0, gt=0, description="Data-parallel learners: longest wait (s) for every rank to join, or for one step."
+    )
+
+    @model_validator(mode="after")
+    def _data_parallel_fits(self) -> LearnerSettings:
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank={self.rank} must be below world_size={self.world_size}")
+        if self.world_size > 1 and self.mode != "cloud":
+            raise ValueError(
+                f"world_size={self.world_size} needs mode 'cloud', got {self.mode!r}: in split modes the edge's "
+                "encoder would take one step per rank"
+            )
+        if self.chunks_per_update % self.world_size:
+            raise ValueError(
+                f"chunks_per_update={self.chunks_per_update} must divide among world_size={self.world_size} ranks"
+            )
+        return self

@@ -19,6 +19,7 @@ from torch import nn
 
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, ppo_loss, vtrace
+from splitrl.learner.distributed import DataParallel
 from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION, LearnerSettings
 
 
@@ -138,12 +139,21 @@ class UpdateStats:
 class Trainer:
     """Owns the trainable network (ActorCritic in cloud mode, the head in split modes) and its optimizer."""
 
-    def __init__(self, network: nn.Module, settings: LearnerSettings, edges: EdgeTraining | None = None) -> None:
+    def __init__(
+        self,
+        network: nn.Module,
+        settings: LearnerSettings,
+        edges: EdgeTraining | None = None,
+        parallel: DataParallel | None = None,
+    ) -> None:
+        """`parallel`: this learner's data-parallel group (learner.distributed); gradients are averaged over it
+        before every optimizer step."""
         if settings.mode != "cloud" and edges is None:
             raise ValueError(f"mode {settings.mode!r} trains the encoder through the edge: pass `edges`")
         self.network = network
         self.settings = settings
         self.edges = edges
+        self.parallel = parallel
         self.optimizer = torch.optim.Adam(network.parameters(), lr=settings.learning_rate, eps=1e-5)
         #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
         self.generator = torch.Generator().manual_seed(settings.seed)
@@ -205,6 +215,8 @@ class Trainer:
         )
         self.optimizer.zero_grad()
         loss.total.backward()
+        if self.parallel is not None:  # cloud mode only (LearnerSettings): every rank trains every minibatch
+            self.parallel.average_gradients(list(self.network.parameters()), trained=True)
         nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
         self.optimizer.step()
         if s.mode == "split" and leaf is not None:

@@ -10,7 +10,8 @@ A plan is keyed by instance: a service's name, or for replica K >= 1 of a replic
 `--inference-replicas`; replay, `--replay-shards`) NAME-K. Replica 0 keeps the plain name, so a run without
 replicas is named as before. Each replica has its own ports, log and final metrics, and the service's
 certificate. The learner and the edge dial every inference replica, the learner every replay shard (a
-comma-separated address list); inference replica r writes to replay shard r mod K.
+comma-separated address list); inference replica r writes to replay shard r mod K; learner ranks
+(`--learners`) meet at rank 0's host on --learner-rendezvous-port.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ S = TypeVar("S", bound=ServerSettings)
 
 
 def replica_count(run: RunSettings, service: str) -> int:
-    """Processes `service` runs as in `run`: inference replicas, replay shards, one of each other service."""
-    return {"inference": run.inference_replicas, "replay": run.replay_shards}.get(service, 1)
+    """Processes `service` runs as in `run`: inference replicas, replay shards, learner ranks, one of the rest."""
+    return {"inference": run.inference_replicas, "replay": run.replay_shards, "learner": run.learners}.get(service, 1)
 
 
 def replica_name(service: str, replica: int) -> str:
@@ -132,6 +133,13 @@ def plan(
         serving = [addresses[name] for name in instances if service_of(name) == of and name in addresses]
         return ",".join(serving) or NOT_SERVING
 
+    def learner_rank(learner: str) -> dict[str, Any]:
+        """A data-parallel learner's place in the group; rank 0 alone checkpoints."""
+        rank = instances.index(learner) - instances.index("learner")
+        rendezvous = f"{hosts.get('learner', '127.0.0.1')}:{run.learner_rendezvous_port}"
+        group = {"rank": rank, "world_size": run.learners, "rendezvous_address": rendezvous}
+        return group | ({} if rank == 0 else {"checkpoint_dir": None})
+
     def shard_of(inference: str) -> str:
         """The replay shard inference replica r writes to: shard r mod K (so every chunk of a stream goes to one
         shard, where dedup and order hold)."""
@@ -148,7 +156,7 @@ def plan(
         },
         "edge-encoder": {
             "inference_address": address("inference"),
-            "learner_address": address("learner"),
+            "learner_address": addresses.get("learner", NOT_SERVING),  # split modes have one learner
             "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
         },
         "environment": {"encoder_address": address("edge-encoder")},
@@ -166,6 +174,7 @@ def plan(
             **tls_values(service, run, run_dir),
             **placement[service],
             **({"replay_address": shard_of(name)} if service == "inference" else {}),
+            **(learner_rank(name) if service == "learner" and run.learners > 1 else {}),
         }
         try:
             planned[name] = SERVICE_SETTINGS[service](**values)

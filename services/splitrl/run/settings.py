@@ -59,6 +59,16 @@ class RunSettings(
         description="Replay servers (replay, replay-1, ...): inference replica r writes to shard r mod K, and the "
         "learner samples every shard; at most --inference-replicas, so that every shard is written.",
     )
+    learners: int = Field(
+        1,
+        ge=1,
+        le=16,
+        description="Data-parallel learners (learner, learner-1, ...; cloud mode): each samples its share of every "
+        "update, gradients are averaged every minibatch, learner (rank 0) publishes and checkpoints.",
+    )
+    learner_rendezvous_port: int = Field(
+        29500, ge=1, le=65535, description="--learners > 1: port where the learners meet (rank 0 serves it)."
+    )
     max_restarts: int = Field(
         5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
     )
@@ -69,7 +79,14 @@ class RunSettings(
     )
 
     @model_validator(mode="after")
-    def _every_shard_written(self) -> RunSettings:
+    def _replicas_fit(self) -> RunSettings:
+        if self.learners > 1 and self.mode != "cloud":
+            raise ValueError(
+                f"learners={self.learners} needs mode 'cloud', got {self.mode!r}: in split modes the edge's encoder "
+                "would take one step per learner"
+            )
+        if self.chunks_per_update % self.learners:
+            raise ValueError(f"chunks_per_update={self.chunks_per_update} must divide among learners={self.learners}")
         if self.replay_shards > self.inference_replicas:
             raise ValueError(
                 f"replay_shards={self.replay_shards} exceeds inference_replicas={self.inference_replicas}: each "

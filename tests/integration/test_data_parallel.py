@@ -1,0 +1,104 @@
+"""Data-parallel learners (issue 19): ranks in real processes, meeting over a real TCPStore with gloo.
+
+Each rank trains on its own batch; after every update the ranks hold identical weights, and those weights
+are what one learner gets from the mean gradient of both batches, not what either batch alone gives.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from splitrl.core.models import cloud_network
+from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.learner.distributed import DataParallel, weights_checksum
+from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.trainer import Batch, Trainer
+
+CHUNKS, HORIZON = 2, 8
+SPEC = ActionSpec("discrete", 3)
+MODEL = ModelConfig(2, 36, 16, "relu")
+SETTINGS = {"mode": "cloud", "epochs": 2, "minibatches": 2, "chunks_per_update": 2, "tls": "plaintext"}
+
+
+def batch(seed: int) -> Batch:
+    generator = torch.Generator().manual_seed(seed)
+    shape = (CHUNKS, HORIZON)
+    return Batch(
+        inputs=torch.randint(0, 256, (CHUNKS, HORIZON + 1, 2, 36, 36), dtype=torch.uint8, generator=generator),
+        actions=torch.randint(0, 3, shape, generator=generator),
+        behaviour_log_probs=torch.full(shape, -1.0986),
+        values=torch.zeros(CHUNKS, HORIZON + 1),
+        rewards=torch.randn(shape, generator=generator),
+        dones=torch.zeros(shape, dtype=torch.bool),
+        policy_versions=torch.zeros(shape, dtype=torch.long),
+        step_ids=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
+        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
+        weights=torch.ones(CHUNKS),
+    )
+
+
+def trainer(world_size: int, rank: int = 0) -> Trainer:
+    torch.manual_seed(0)  # identical initial weights, as every learner builds them from the run's seed
+    settings = LearnerSettings(**SETTINGS, world_size=world_size, rank=rank)
+    return Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+
+
+def rank_main(rank: int, port: int, results: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    learner = trainer(2, rank)
+    if rank == 0:  # rank 0 resumed from somewhere else: the group must take its weights and version
+        with torch.no_grad():
+            next(learner.network.parameters()).add_(1.0)
+    parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=60)
+    version = parallel.sync_state(learner.network, learner.optimizer, 7 if rank == 0 else 0)
+    learner.parallel = parallel
+    checksums = [weights_checksum(learner.network)]
+    for update in range(2):
+        learner.update(batch(seed=100 * update + rank))  # each rank its own chunks
+        checksums.append(weights_checksum(learner.network))
+    results.put((rank, version, checksums, {k: v.clone() for k, v in learner.network.state_dict().items()}))
+    parallel.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+def test_two_ranks_hold_identical_weights_after_every_update_and_train_on_the_mean_gradient():
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=rank_main, args=(rank, port, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    got = dict((rank, rest) for rank, *rest in (results.get(timeout=150) for _ in processes))
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    (version_0, sums_0, state_0), (version_1, sums_1, state_1) = got[0], got[1]
+    assert version_0 == version_1 == 7  # rank 0's version, taken by rank 1
+    assert sums_0 == sums_1  # identical from the sync on, after each of the two updates
+    assert all(torch.equal(state_0[name], state_1[name]) for name in state_0)
+    # Not rank 0's batch alone: one learner trained on only that batch ends elsewhere.
+    alone = trainer(1)
+    with torch.no_grad():
+        next(alone.network.parameters()).add_(1.0)
+    for update in range(2):
+        alone.update(batch(seed=100 * update))
+    assert weights_checksum(alone.network) != sums_0[-1]
+
+
+def test_a_rank_outside_the_group_or_a_split_mode_is_refused():
+    with pytest.raises(ValueError, match="rank=2 must be below world_size=2"):
+        LearnerSettings(world_size=2, rank=2, mode="cloud", chunks_per_update=2)
+    with pytest.raises(ValueError, match="needs mode 'cloud'"):
+        LearnerSettings(world_size=2, mode="split-accumulate", chunks_per_update=2)
+    with pytest.raises(ValueError, match="must divide among world_size=2"):
+        LearnerSettings(world_size=2, mode="cloud", chunks_per_update=3)
