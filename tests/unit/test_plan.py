@@ -254,7 +254,7 @@ def test_data_parallel_learners_are_ranks_that_meet_at_rank_0(tmp_path: Path):
     assert names[names.index("learner") : names.index("learner") + 2] == ["learner", "learner-1"]
     planned = plan(run, tmp_path, {"learner": "127.0.0.1:5003", "learner-1": "127.0.0.1:5004"})
     ranks = [planned[name] for name in ("learner", "learner-1")]
-    assert [(r.rank, r.world_size, r.rendezvous_address) for r in ranks] == [
+    assert [(r.rank, r.world_size, r.rendezvous_endpoint) for r in ranks] == [
         (0, 2, "127.0.0.1:29999"),
         (1, 2, "127.0.0.1:29999"),
     ]

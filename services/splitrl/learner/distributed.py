@@ -10,7 +10,7 @@ and writes checkpoints.
 Invariant: after every update all ranks hold identical weights and optimizer state (same start, same
 averaged gradient, same deterministic Adam step). A rank that dies breaks the others' next collective: they
 fail with it and are restarted, and the group resumes from rank 0's checkpoint, as torch elastic restarts a
-job. Rendezvous is a TCPStore that rank 0 hosts at `rendezvous_address`.
+job. Rendezvous is a TCPStore that rank 0 hosts at `rendezvous_endpoint`.
 
 Split modes are refused with more than one rank: there the edge's encoder would step once per rank.
 """
@@ -29,10 +29,10 @@ class DataParallel:
     """This process's membership of the group; build it on the thread that trains (it blocks until all ranks
     joined, up to `timeout_s`)."""
 
-    def __init__(self, rank: int, world_size: int, rendezvous_address: str, timeout_s: float) -> None:
+    def __init__(self, rank: int, world_size: int, rendezvous_endpoint: str, timeout_s: float) -> None:
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        host, _, port = rendezvous_address.rpartition(":")
+        host, _, port = rendezvous_endpoint.rpartition(":")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size = rank, world_size
         # Rank 0 serves the store; the others wait for it up to the timeout.

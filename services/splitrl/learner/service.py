@@ -107,8 +107,8 @@ class LearnerService(LoopService):
             trainer = Trainer(self._network, s, self.edges)
             self._restore(trainer)
             if s.world_size > 1:
-                log.info("rank %d of %d: joining the learners at %s", s.rank, s.world_size, s.rendezvous_address)
-                self.parallel = DataParallel(s.rank, s.world_size, s.rendezvous_address, s.rendezvous_timeout_s)
+                log.info("rank %d of %d: joining the learners at %s", s.rank, s.world_size, s.rendezvous_endpoint)
+                self.parallel = DataParallel(s.rank, s.world_size, s.rendezvous_endpoint, s.rendezvous_timeout_s)
                 self.version = self.parallel.sync_state(trainer.network, trainer.optimizer, self.version)
                 trainer.parallel = self.parallel
                 log.info("rank %d of %d: joined at policy version %d", s.rank, s.world_size, self.version)

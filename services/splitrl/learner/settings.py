@@ -5,10 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import AddressList, EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
+from splitrl.core.config import (
+    AddressList,
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    ServerSettings,
+    Settings,
+    split_addresses,
+)
 
 #: split-accumulate's share of rows that train the encoder when `encoder_fraction` is unset (split's is 1).
 ACCUMULATE_ENCODER_FRACTION = 0.25
@@ -102,13 +110,21 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
     world_size: int = Field(
         1, ge=1, le=64, description="Data-parallel learners: ranks training together (cloud mode; 1: alone)."
     )
-    rendezvous_address: str = Field(
+    rendezvous_endpoint: str = Field(
         "127.0.0.1:29500",
         description="Data-parallel learners: host:port of the TCP store rank 0 serves, where the ranks meet.",
     )
     rendezvous_timeout_s: float = Field(
         120.0, gt=0, description="Data-parallel learners: longest wait (s) for every rank to join, or for one step."
     )
+
+    @field_validator("rendezvous_endpoint")
+    @classmethod
+    def _one_endpoint(cls, value: str) -> str:
+        entries = split_addresses(value)
+        if len(entries) != 1:
+            raise ValueError(f"expected one host:port, got {value!r}")
+        return entries[0]
 
     @model_validator(mode="after")
     def _data_parallel_fits(self) -> LearnerSettings:

@@ -137,7 +137,7 @@ def plan(
         """A data-parallel learner's place in the group; rank 0 alone checkpoints."""
         rank = instances.index(learner) - instances.index("learner")
         rendezvous = f"{hosts.get('learner', '127.0.0.1')}:{run.learner_rendezvous_port}"
-        group = {"rank": rank, "world_size": run.learners, "rendezvous_address": rendezvous}
+        group = {"rank": rank, "world_size": run.learners, "rendezvous_endpoint": rendezvous}
         return group | ({} if rank == 0 else {"checkpoint_dir": None})
 
     def shard_of(inference: str) -> str:
