@@ -14,26 +14,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
-from splitrl.core import certs
-from tests.deploy.conftest import REPO, load_script, missing, tool
+from tests.deploy.compose_stack import DASHBOARDS, Stack, running_stack, wait_for
+from tests.deploy.conftest import REPO
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
 PROJECT = "splitrl-deploytest"
 SERVICES = ["replay", "inference", "learner", "edge-encoder", "environment", "prometheus"]
-SERVICES_WITH_CERTS = SERVICES[:-1]
-DASHBOARDS = load_script("deploy/grafana/check-dashboards.py")
 LINKS = {
     "env-encoder",
     "encoder-inference",
@@ -44,83 +35,9 @@ LINKS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-class Stack:
-    """One compose project: `compose(...)` runs the CLI, `container(name)` gives the SDK's object."""
-
-    def __init__(self, client: Any, environ: dict[str, str]) -> None:
-        self.client = client
-        self.environ = environ
-        self.prometheus = f"http://127.0.0.1:{environ['PROMETHEUS_PORT']}"
-
-    def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        command = ["docker", "compose", "--project-name", PROJECT, "--file", str(REPO / "docker-compose.yml"), *args]
-        return subprocess.run(command, env=self.environ, capture_output=True, text=True, timeout=timeout, check=False)
-
-    def container(self, service: str) -> Any:
-        found = self.client.containers.list(
-            all=True,
-            filters={"label": [f"com.docker.compose.project={PROJECT}", f"com.docker.compose.service={service}"]},
-        )
-        assert len(found) == 1, f"expected one {service} container, found {len(found)}"
-        return found[0]
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        reply = DASHBOARDS.query(self.prometheus, promql)
-        assert reply["status"] == "success", reply
-        return list(reply["data"]["result"])
-
-    def value(self, promql: str) -> float:
-        """The single value of a query that returns one series (0.0 when it returns none yet)."""
-        result = self.query(promql)
-        return float(result[0]["value"][1]) if result else 0.0
-
-    def logs(self) -> str:
-        return self.compose("logs", "--no-color", "--tail", "40", timeout=60).stdout
-
-
-def wait_for(what: str, condition: Callable[[], bool], stack: Stack, timeout_s: float = 240) -> None:
-    """Poll `condition` every 2 s until true; fail with the services' logs after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(2)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}\n{stack.logs()}")
-
-
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    tool("docker")
-    import docker  # the SDK; imported here so that collection works without it
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except docker.errors.DockerException as error:
-        missing(f"no Docker engine answers: {error}")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True, check=False).returncode != 0:
-        missing("the Docker Compose v2 plugin is not installed (`docker compose version` fails)")
-    prometheus_image = os.environ.get("PROMETHEUS_IMAGE", "prom/prometheus:v2.53.2")
-    for image in (os.environ.get("SPLITRL_IMAGE", "splitrl:latest"), prometheus_image):
-        try:
-            client.images.get(image)
-        except docker.errors.ImageNotFound:
-            missing(f"image {image} is not built (see docker/README.md)")
-    # mTLS as deployed: certificates made for this run, readable by the containers' uid 10001 (README "Security").
-    tls_dir = Path(tempfile.mkdtemp(prefix="splitrl-compose-tls-"))
-    for _, key in certs.generate(tls_dir, SERVICES_WITH_CERTS).pairs.values():
-        key.chmod(0o644)
-    environ = os.environ | {
-        "SPLITRL_TLS_DIR": str(tls_dir),
-        "PROMETHEUS_IMAGE": prometheus_image,
-        "PROMETHEUS_PORT": str(free_port()),
-        "GRAFANA_PORT": str(free_port()),
+    settings = {
         # Mode, env, frame size and width come from compose's default recipe, configs/catch.yaml.
         "SPLITRL_MAX_STEPS": "0",  # until stopped, over the recipe's 30,000 steps
         "SPLITRL_NUM_ENVS": "4",
@@ -129,16 +46,8 @@ def stack() -> Iterator[Stack]:
         "SPLITRL_EPOCHS": "2",
         "SPLITRL_CHECKPOINT_EVERY": "2",
     }
-    stack = Stack(client, environ)
-    stack.compose("down", "--volumes", "--timeout", "10")  # leftovers of an interrupted run
-    started = stack.compose("up", "--detach", "--wait", "--no-build", *SERVICES, timeout=400)
-    try:
-        assert started.returncode == 0, f"compose up failed:\n{started.stderr}\n{stack.logs()}"
-        yield stack
-    finally:
-        stopped = stack.compose("down", "--volumes", "--timeout", "20", timeout=180)
-        client.close()
-        assert stopped.returncode == 0, stopped.stderr
+    with running_stack(PROJECT, SERVICES, settings) as running:
+        yield running
 
 
 def test_env_steps_and_learner_updates_advance(stack: Stack) -> None:

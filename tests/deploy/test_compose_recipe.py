@@ -7,26 +7,31 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from splitrl.core.args import CONFIG_DEST, load_config, settings_from_args, validate_settings
-from splitrl.run.plan import SERVICE_SETTINGS, plan, recipe_share
+from splitrl.core.config import split_addresses
+from splitrl.run.plan import SERVICE_SETTINGS, instance_names, plan, recipe_share, service_of
 from splitrl.run.settings import RunSettings
-from tests.deploy.conftest import REPO, tool
+from tests.deploy.conftest import REPO, promtool, tool
 
 RUN_LEVEL = ("env", "frame_size", "width", "bottleneck", "mode", "codec", "activation_codec")
 
 
-def rendered(tmp_path: Path, shell: dict[str, str]) -> dict[str, Any]:
-    """The compose file as Compose resolves it for a shell that sets `shell` (and no other SPLITRL_*)."""
+def rendered(tmp_path: Path, shell: dict[str, str], files: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The compose file (with `files` layered over it) as Compose resolves it for a shell that sets `shell` (and
+    no other SPLITRL_*)."""
     environ = {key: value for key, value in os.environ.items() if not key.startswith("SPLITRL_")}
     environ |= {"SPLITRL_TLS_DIR": str(tmp_path)} | shell
+    layers = [arg for file in ("docker-compose.yml", *files) if files for arg in ("-f", str(REPO / file))]
     result = subprocess.run(
-        [tool("docker"), "compose", "--project-directory", str(REPO), "config", "--format", "json"],
+        [tool("docker"), "compose", "--project-directory", str(REPO), *layers, "config", "--format", "json"],
         env=environ,
         capture_output=True,
         text=True,
@@ -38,8 +43,9 @@ def rendered(tmp_path: Path, shell: dict[str, str]) -> dict[str, Any]:
 
 
 def service_settings(compose: dict[str, Any], name: str) -> Any:
-    """What `splitrl serve NAME` builds inside its container: its variables, and the recipe Compose mounts."""
-    service = compose["services"][name]
+    """What `splitrl serve SERVICE` builds inside container NAME (an instance: `inference-1` serves inference):
+    its variables, and the recipe Compose mounts."""
+    service, name = compose["services"][name], service_of(name)
     (mount,) = service["configs"]
     recipe = Path(compose["configs"][mount["source"]]["file"])
     environ = service["environment"]
@@ -109,3 +115,75 @@ def test_readmes_compose_commands_set_what_they_say(tmp_path):
                 field = variable.removeprefix("SPLITRL_").lower()
                 if field in type(settings).model_fields:
                     assert str(getattr(settings, field)) == value, (command, name, field)
+
+
+SCALE_OUT = "docker-compose.scale-out.yml"
+
+
+def test_the_scale_out_file_runs_the_instances_up_plans_for_replicas_shards_and_ranks(tmp_path):
+    """docker-compose.scale-out.yml over the base file is `splitrl up --inference-replicas 2 --replay-shards 2
+    --learners 2` with compose's service names for addresses: the same instances, each dialling the same peers
+    (inference-1 writing to replay-1, the ranks meeting at rank 0, edges dialling rank 0 for training)."""
+    compose = rendered(tmp_path, {}, (SCALE_OUT,))
+    recipe = load_config(REPO / "configs/catch.yaml", RunSettings)
+    run = validate_settings(RunSettings, recipe | {"inference_replicas": 2, "replay_shards": 2, "learners": 2})
+    instances = instance_names(run)
+    ports = {"replay": 50053, "inference": 50052, "learner": 50054, "edge-encoder": 50051, "environment": 50050}
+    addresses = {name: f"{name}:{ports[service_of(name)]}" for name in instances}
+    planned = plan(run, tmp_path, addresses, hosts={"learner": "learner"})
+    assert set(instances) <= set(compose["services"])
+    for name in instances:
+        settings, expected = service_settings(compose, name), planned[name]
+        for field in ("inference_address", "learner_address", "encoder_address", "rank", "world_size"):
+            if field in type(settings).model_fields:
+                assert getattr(settings, field) == getattr(expected, field), (name, field)
+        if service_of(name) == "inference":
+            assert settings.replica_index == expected.replica_index, name
+            assert settings.replay_shard_address == expected.replay_shard_address, name
+        if service_of(name) == "learner":
+            assert settings.replay_address == expected.replay_address, name
+            assert settings.rendezvous_endpoint == expected.rendezvous_endpoint == "learner:29500"
+    # The certificates the file's and README's commands make name every added instance (they serve under their
+    # service's certificate).
+    added = sorted(name for name in compose["services"] if name not in rendered(tmp_path, {})["services"])
+    for text in ((REPO / SCALE_OUT).read_text(), (REPO / "README.md").read_text()):
+        [names] = re.findall(r"splitrl certs --out deploy/tls --names (\S+)", text)
+        assert sorted(names.split(",")) == added
+    # Every instance keeps its own state; peers share a network with what they dial.
+    volumes = {name: [v["source"] for v in compose["services"][name].get("volumes", [])] for name in instances}
+    assert volumes["replay"] != volumes["replay-1"] and volumes["learner"] != volumes["learner-1"]
+    for name in instances:
+        networks = set(compose["services"][name]["networks"])
+        for variable, value in compose["services"][name]["environment"].items():
+            if variable.endswith("_ADDRESS") or variable == "SPLITRL_RENDEZVOUS_ENDPOINT":
+                for entry in split_addresses(value):
+                    dialled = entry.rsplit(":", 1)[0]
+                    assert networks & set(compose["services"][dialled]["networks"]), (name, variable, entry)
+
+
+def test_prometheus_scrapes_the_scale_out_instances_under_their_services_jobs(tmp_path):
+    """The targets file docker-compose.scale-out.yml mounts lists exactly the instances it adds, each with the
+    labels its service's own job gives; promtool accepts the config with it in place."""
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    labels = {
+        job["job_name"]: job["static_configs"][0]["labels"] | {"job": job["job_name"]}
+        for job in config["scrape_configs"]
+        if job["job_name"] in SERVICE_SETTINGS
+    }
+    groups = yaml.safe_load((REPO / "deploy/prometheus/scale-out/replicas.yml").read_text())
+    targets = {target: group["labels"] for group in groups for target in group["targets"]}
+    compose = yaml.safe_load((REPO / SCALE_OUT).read_text())
+    added = {name for name in compose["services"] if "extends" in compose["services"][name]}
+    assert set(targets) == {f"{name}:9400" for name in added}
+    for target, target_labels in targets.items():
+        assert target_labels == labels[service_of(target.split(":")[0])], target
+    [mount] = compose["services"]["prometheus"]["volumes"]
+    assert mount == "./deploy/prometheus/scale-out:/etc/prometheus/targets:ro"
+    [replicas_job] = [job for job in config["scrape_configs"] if job["job_name"] == "replicas"]
+    assert replicas_job["file_sd_configs"] == [{"files": ["targets/*.yml"]}]
+    # As mounted: the targets file where the config looks, promtool checking both (no "does not exist" warning).
+    mounted = tmp_path / "prometheus"
+    shutil.copytree(REPO / "deploy/prometheus", mounted)
+    shutil.copy(REPO / "deploy/prometheus/scale-out/replicas.yml", mounted / "targets" / "replicas.yml")
+    result = promtool("check", "config", str(mounted / "prometheus.yml"))
+    assert result.returncode == 0 and "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr

@@ -182,6 +182,13 @@ def manifest(request, render) -> Manifest:
 # Structure
 
 
+def test_every_namespaced_object_is_in_the_splitrl_namespace(manifest):
+    """An overlay's own resources do not inherit the base's namespace: one left out would land in `default`."""
+    for obj in manifest.objects:
+        if obj["kind"] != "Namespace":
+            assert obj["metadata"].get("namespace") == NAMESPACE, kube.name(obj)
+
+
 def test_selectors_match_their_pod_templates(manifest):
     for pod in manifest.pods:
         assert kube.selects(pod.workload["spec"]["selector"], pod.labels), kube.name(pod.workload)
@@ -520,14 +527,13 @@ def test_network_policies_allow_exactly_the_designed_links(manifest):
     assert set(pods) >= SPLITRL_APPS | {"prometheus"}
     outsider = kube.Peer("default", {}, ())
     allowed, expected = set(), set()
+    designed = DESIGNED_LINKS | _learner_rank_links(manifest, pods["learner"])
     for source_app, source in [*pods.items(), ("outsider", outsider)]:
         for app in SPLITRL_APPS:
             for name, number, protocol in pods[app].ports:
                 if kube.allowed(manifest, source, pods[app], number, protocol):
                     allowed.add((source_app, app, number))
-                if (source_app, app, number) in DESIGNED_LINKS or (
-                    source_app == "prometheus" and name.endswith("metrics")
-                ):
+                if (source_app, app, number) in designed or (source_app == "prometheus" and name.endswith("metrics")):
                     expected.add((source_app, app, number))
     assert allowed == expected, (
         f"allowed but not designed: {allowed - expected}; designed but denied: {expected - allowed}"
@@ -543,6 +549,57 @@ def test_network_policies_allow_exactly_the_designed_links(manifest):
             manifest, pods[app], kube_dns, 53
         ), app
         assert not kube.allowed(manifest, pods[app], internet, 443), app
+
+
+def _learner_rank_links(manifest: Manifest, learner: kube.Peer) -> set[tuple[str, str, int]]:
+    """Data-parallel ranks (more than one learner pod) reach each other on any port: rank 0's TCP store, then
+    gloo's connections on ports it picks. One learner has no such link."""
+    if manifest.get("StatefulSet", "learner")["spec"].get("replicas", 1) == 1:
+        return set()
+    return {("learner", "learner", number) for _, number, _ in learner.ports}
+
+
+def test_learner_ranks_are_the_statefulset_pods_and_meet_at_pod_0(manifest):
+    learners = manifest.get("StatefulSet", "learner")
+    replicas = learners["spec"].get("replicas", 1)
+    pod = manifest.pod("learner")
+    [container] = pod.splitrl_containers
+    env = manifest.env(container)
+    settings = settings_from_args(kube.settings_model("learner"), argparse.Namespace(), env)
+    assert settings.world_size == replicas
+    # The rank is the pod's index, from the label Kubernetes sets on StatefulSet pods.
+    [rank] = [v for v in container["env"] if v["name"] == "SPLITRL_RANK"]
+    assert rank["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert learners["spec"]["podManagementPolicy"] == "Parallel"  # ranks wait for each other: start together
+    [edge] = [c for c in manifest.pod("edge").splitrl_containers if c["name"] == "edge-encoder"]
+    edge_dials = [host for host, *_ in kube.dialled(manifest, manifest.env(edge)["SPLITRL_LEARNER_ADDRESS"])]
+    if replicas == 1:
+        assert [host.partition(".")[0] for host in edge_dials] == ["learner"]
+        return
+    # Edges dial rank 0 only (learner.edge_relay); the ranks meet at its declared rendezvous port.
+    assert [host.partition(".")[0] for host in edge_dials] == ["learner-0"]
+    [(host, port, service, _)] = kube.dialled(manifest, settings.rendezvous_endpoint)  # a pod name that resolves
+    assert host.partition(".")[0] == "learner-0" and service["metadata"]["name"] == "learner"
+    assert port in [p["containerPort"] for p in container["ports"] if p["name"] == "rendezvous"]
+    peer = kube.Peer.of(pod)
+    for gloo_port in (port, 41234):  # the store, and a port gloo may pick
+        assert kube.allowed(manifest, peer, kube.Peer(NAMESPACE, pod.labels, (("gloo", gloo_port, "TCP"),)), gloo_port)
+
+
+def test_every_replay_shard_is_sampled_by_the_learner_and_written_by_an_inference(manifest):
+    """Inference replica K writes to entry K mod (shards) of its list (its pod index picks it), so with as many
+    shards listed as replay pods and no more than inference replicas, every shard is written and sampled."""
+    shards = manifest.get("StatefulSet", "replay")["spec"].get("replicas", 1)
+    replicas = manifest.get("StatefulSet", "inference")["spec"].get("replicas", 1)
+    assert shards <= replicas
+    expected = ["replay"] if shards == 1 else [f"replay-{k}" for k in range(shards)]
+    for app in ("learner", "inference"):
+        [container] = manifest.pod(app).splitrl_containers
+        entries = kube.dialled(manifest, manifest.env(container)["SPLITRL_REPLAY_ADDRESS"])
+        assert [host.partition(".")[0] for host, *_ in entries] == expected, app
+    [inference] = manifest.pod("inference").splitrl_containers
+    [index] = [v for v in inference["env"] if v["name"] == "SPLITRL_REPLICA_INDEX"]
+    assert index["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -571,7 +628,8 @@ def test_prometheus_scrapes_every_splitrl_container_once_with_compose_labels(man
     assert targets == expected
     # the jobs are the compose deployment's, so dashboards and rules work on both
     compose = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
-    compose_jobs = {s["job_name"] for s in compose["scrape_configs"]} - {"prometheus"}
+    # (`replicas` names no job of its own: each of its targets carries its service's.)
+    compose_jobs = {s["job_name"] for s in compose["scrape_configs"]} - {"prometheus", "replicas"}
     assert {job for job, *_ in targets} == compose_jobs
 
 

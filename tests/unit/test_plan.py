@@ -238,9 +238,24 @@ def test_replay_shards_are_instances_each_written_by_its_inference_replicas(tmp_
     # Replica r writes to shard r mod 2; the learner samples both.
     shards = [planned[name].replay_address for name in ("inference", "inference-1", "inference-2")]
     assert shards == ["127.0.0.1:5001", "127.0.0.1:5002", "127.0.0.1:5001"]
+    assert [planned[name].replica_index for name in ("inference", "inference-1", "inference-2")] == [0, 1, 2]
     assert planned["learner"].replay_address == "127.0.0.1:5001,127.0.0.1:5002"
     assert planned["replay-1"].port_file == tmp_path / "replay-1.ports.json"
     assert planned["replay-1"].max_size == planned["replay"].max_size == 2 * 8
+
+
+def test_an_inference_given_every_shard_writes_to_its_index_mod_their_count():
+    """What a Kubernetes or compose replica does: every shard listed, its own index (the pod's) picks one, by the
+    same rule `splitrl up` plans with."""
+    shards = "replay-0.replay:50053,replay-1.replay:50053"
+    picked = [
+        SERVICE_SETTINGS["inference"](replay_address=shards, replica_index=index).replay_shard_address
+        for index in range(4)
+    ]
+    assert picked == ["replay-0.replay:50053", "replay-1.replay:50053"] * 2
+    assert SERVICE_SETTINGS["inference"](replica_index=3).replay_shard_address == "127.0.0.1:50053"  # one replay
+    with pytest.raises(ValidationError, match="replay_address"):
+        SERVICE_SETTINGS["inference"](replay_address="replay:50053,replay:50053")
 
 
 def test_a_shard_no_inference_writes_to_is_refused():
@@ -248,8 +263,9 @@ def test_a_shard_no_inference_writes_to_is_refused():
         RunSettings(replay_shards=2)
 
 
-def test_data_parallel_learners_are_ranks_that_meet_at_rank_0(tmp_path: Path):
-    run = RUN.model_copy(update={"mode": "cloud", "learners": 2, "learner_rendezvous_port": 29999})
+@pytest.mark.parametrize("mode", ["cloud", "split-accumulate"])
+def test_data_parallel_learners_are_ranks_that_meet_at_rank_0(tmp_path: Path, mode: str):
+    run = RUN.model_copy(update={"mode": mode, "learners": 2, "learner_rendezvous_port": 29999})
     names = instance_names(run)
     assert names[names.index("learner") : names.index("learner") + 2] == ["learner", "learner-1"]
     planned = plan(run, tmp_path, {"learner": "127.0.0.1:5003", "learner-1": "127.0.0.1:5004"})
@@ -259,14 +275,13 @@ def test_data_parallel_learners_are_ranks_that_meet_at_rank_0(tmp_path: Path):
         (1, 2, "127.0.0.1:29999"),
     ]
     assert (ranks[0].checkpoint_dir, ranks[1].checkpoint_dir) == (tmp_path / "checkpoints", None)  # rank 0 saves
-    assert planned["edge-encoder"].learner_address == "127.0.0.1:5003"
+    assert planned["edge-encoder"].learner_address == "127.0.0.1:5003"  # split modes: edges dial rank 0 only
     assert plan(RUN, tmp_path)["learner"].world_size == 1  # one learner: no group
 
 
 @pytest.mark.parametrize(
     "values, message",
     [
-        ({"learners": 2, "mode": "split-accumulate"}, "learners=2 needs mode 'cloud'"),
         ({"learners": 3, "mode": "cloud", "chunks_per_update": 8}, "chunks_per_update=8 must divide among learners=3"),
     ],
 )

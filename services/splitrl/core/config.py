@@ -56,6 +56,12 @@ def split_addresses(addresses: str) -> list[str]:
 AddressList = Annotated[str, AfterValidator(lambda value: ",".join(split_addresses(value)))]
 
 
+def shard_index(replica_index: int, shard_count: int) -> int:
+    """The replay shard (0-based, of `shard_count`) that inference replica `replica_index` writes to: every chunk
+    of the replica's streams lands on that one shard, where deduplication and order hold."""
+    return replica_index % shard_count
+
+
 class Settings(BaseModel):
     """Base of every config: frozen, unknown keys rejected."""
 

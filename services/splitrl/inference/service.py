@@ -70,7 +70,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             max_queued=settings.max_queued_requests,
         )
         self.writer = ReplayWriter(
-            settings.replay_address,
+            settings.replay_shard_address,
             settings.replay_table,
             metrics,
             settings.max_pending_inserts,

@@ -3,7 +3,16 @@ from __future__ import annotations
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, ServerSettings, Settings
+from splitrl.core.config import (
+    AddressList,
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    ServerSettings,
+    Settings,
+    shard_index,
+    split_addresses,
+)
 
 
 class ChunkSettings(Settings):
@@ -16,7 +25,17 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
     """Settings of `splitrl serve inference`. `mode` decides which streams it accepts; in cloud mode `codec`
     is what edges send (h264 streams are decoded per env)."""
 
-    replay_address: str = Field("127.0.0.1:50053", description="host:port of replay, where trajectories go.")
+    replay_address: AddressList = Field(
+        "127.0.0.1:50053",
+        description="host:port of replay, where trajectories go; with replay shards, every shard's, comma-separated, "
+        "and this replica writes to entry (replica_index mod their count).",
+    )
+    replica_index: int = Field(
+        0,
+        ge=0,
+        description="This inference's place among the replicas (0, 1, ...): it picks its replay shard. On "
+        "Kubernetes, the StatefulSet pod's index (label apps.kubernetes.io/pod-index).",
+    )
     replay_table: str = Field("rollouts", description="Replay table trajectories are inserted into.")
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")
     max_wait_ms: float = Field(
@@ -31,3 +50,9 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
     max_pending_inserts: int = Field(
         1024, ge=1, description="Chunks buffered for replay before acting blocks (backpressure)."
     )
+
+    @property
+    def replay_shard_address(self) -> str:
+        """The one replay this replica writes to (core.config.shard_index of the listed shards)."""
+        shards = split_addresses(self.replay_address)
+        return shards[shard_index(self.replica_index, len(shards))]

@@ -12,7 +12,8 @@ averaged gradient, same deterministic Adam step). A rank that dies breaks the ot
 fail with it and are restarted, and the group resumes from rank 0's checkpoint, as torch elastic restarts a
 job. Rendezvous is a TCPStore that rank 0 hosts at `rendezvous_endpoint`.
 
-Split modes are refused with more than one rank: there the edge's encoder would step once per rank.
+In split modes the edges dial rank 0 alone, and every rank's activations and gradients pass through it
+(`edge_relay.py`), so an edge's encoder still steps once per minibatch.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ weights in while its streams keep running (in-flight updates), so chunks in
 replay can be a few versions old. Their lag is measured, and chunks older
 than `max_policy_lag` versions are dropped and counted.
 
-With `world_size` > 1 (cloud mode) several learners train one policy as data-parallel ranks
-(`distributed.py`): each samples its share of every update, gradients are averaged every minibatch, and
-rank 0 alone publishes and checkpoints.
+With `world_size` > 1 several learners train one policy as data-parallel ranks (`distributed.py`): each
+samples its share of every update, gradients are averaged every minibatch, and rank 0 alone publishes and
+checkpoints. In split modes the edges dial rank 0, which relays every rank's encoder traffic (`edge_relay.py`).
 
 Split modes train the actor-critic head here and the CNN encoder on the edge:
 edge-encoders dial this service's `EncoderTraining` stream (`edges.py`), and
@@ -33,11 +33,12 @@ from splitrl.core.models import cloud_network
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.distributed import DataParallel, weights_checksum
+from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.edges import EdgeLinks
 from splitrl.learner.publisher import WeightsBroadcast
 from splitrl.learner.sampler import ReplaySampler, SampledChunk
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer, UpdateStats
+from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats
 from splitrl.replay.selectors import importance_weights
 from splitrl.v1 import training_pb2_grpc
 
@@ -57,7 +58,7 @@ class LearnerService(LoopService):
             {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
         )
         self.edges: EdgeLinks | None = None
-        if settings.mode != "cloud":
+        if settings.mode != "cloud" and settings.rank == 0:  # edges dial rank 0 only (learner.edge_relay)
             self.edges = EdgeLinks(
                 metrics,
                 settings.width,
@@ -104,13 +105,16 @@ class LearnerService(LoopService):
         rank 0's state taken; `trainer` is set only once all is done."""
         s = self.settings
         try:
-            trainer = Trainer(self._network, s, self.edges)
-            self._restore(trainer)
+            edges: EdgeTraining | None = self.edges
             if s.world_size > 1:
                 log.info("rank %d of %d: joining the learners at %s", s.rank, s.world_size, s.rendezvous_endpoint)
                 self.parallel = DataParallel(s.rank, s.world_size, s.rendezvous_endpoint, s.rendezvous_timeout_s)
+                if s.mode != "cloud":
+                    edges = EdgeRelay(self.parallel, self.edges, s.width)
+            trainer = Trainer(self._network, s, edges, self.parallel)
+            self._restore(trainer)
+            if self.parallel is not None:
                 self.version = self.parallel.sync_state(trainer.network, trainer.optimizer, self.version)
-                trainer.parallel = self.parallel
                 log.info("rank %d of %d: joined at policy version %d", s.rank, s.world_size, self.version)
         except Exception:
             log.exception("building the trainer failed")  # logged here: stop() may come before run() sees it
@@ -215,20 +219,25 @@ class LearnerService(LoopService):
     def _record(self, stats: UpdateStats) -> None:
         if self.settings.rank == 0:  # one update of the group, however many ranks took part
             self.metrics.learner_updates.inc()
+        checksum = ""
         if self.parallel is not None:
-            self.metrics.learner_weights_checksum.set(weights_checksum(self.trainer.network))
+            summed = weights_checksum(self.trainer.network)
+            self.metrics.learner_weights_checksum.set(summed)
+            # Logged too: ranks compare version by version there, which two scrapes cannot promise.
+            checksum = f", weights checksum {summed!r}"
         self.metrics.policy_version.set(self.version)
         for term, value in stats.losses.items():
             self.metrics.learner_loss.labels(term=term).set(value)
         losses = stats.losses
         log.info(
-            "update %d: %d steps, policy %.3f value %.3f entropy %.3f kl %.4f",
+            "update %d: %d steps, policy %.3f value %.3f entropy %.3f kl %.4f%s",
             self.version,
             stats.steps,
             losses.policy_loss,
             losses.value_loss,
             losses.entropy,
             losses.approx_kl,
+            checksum,
         )
 
     def _checkpoint_path(self) -> Path | None:

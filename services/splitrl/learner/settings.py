@@ -108,7 +108,11 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
     max_updates: int = Field(0, ge=0, description="Stop after this many updates (0: until stopped).")
     rank: int = Field(0, ge=0, description="Data-parallel learners: this learner's rank (0 publishes, checkpoints).")
     world_size: int = Field(
-        1, ge=1, le=64, description="Data-parallel learners: ranks training together (cloud mode; 1: alone)."
+        1,
+        ge=1,
+        le=64,
+        description="Data-parallel learners: ranks training together (1: alone). Split modes: edges dial rank 0, "
+        "which relays the other ranks' activations and gradients.",
     )
     rendezvous_endpoint: str = Field(
         "127.0.0.1:29500",
@@ -130,11 +134,6 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
     def _data_parallel_fits(self) -> LearnerSettings:
         if self.rank >= self.world_size:
             raise ValueError(f"rank={self.rank} must be below world_size={self.world_size}")
-        if self.world_size > 1 and self.mode != "cloud":
-            raise ValueError(
-                f"world_size={self.world_size} needs mode 'cloud', got {self.mode!r}: in split modes the edge's "
-                "encoder would take one step per rank"
-            )
         if self.chunks_per_update % self.world_size:
             raise ValueError(
                 f"chunks_per_update={self.chunks_per_update} must divide among world_size={self.world_size} ranks"

@@ -133,7 +133,7 @@ class UpdateStats:
     losses: LossTerms  # mean over the update's minibatches
     steps: int
     chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
-    optimizer_steps: int  # 0 when no minibatch had a row to train on (split: no edge answered)
+    optimizer_steps: int  # steps taken; 0 when no minibatch had a row (split: no edge answered). Equal on all ranks
 
 
 class Trainer:
@@ -167,38 +167,55 @@ class Trainer:
         rows = Rows.of(batch, advantages, returns, old_log_probs)
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
+        optimizer_steps = 0
         for epoch in range(s.epochs):
             train_encoder = s.encoder_epochs is None or epoch >= s.epochs - s.encoder_epochs
             order = torch.randperm(len(rows), generator=self.generator)
             for start in range(0, len(rows), minibatch):
-                trained = self._minibatch(rows, order[start : start + minibatch], train_encoder)
-                if trained is not None:
-                    terms.append(trained)
+                trained, stepped = self._minibatch(rows, order[start : start + minibatch], train_encoder)
+                terms += [trained] if trained is not None else []
+                optimizer_steps += stepped
         return UpdateStats(
             LossTerms.mean(terms),
             steps=len(rows),
             chunk_priorities=advantages.abs().mean(dim=1).tolist(),
-            optimizer_steps=len(terms),
+            optimizer_steps=optimizer_steps,
         )
 
-    def _minibatch(self, update: Rows, index: torch.Tensor, train_encoder: bool = True) -> LossTerms | None:
-        """One optimizer step on rows `index` of `update`; returns its loss terms, or None if no row could be
-        trained.
+    def _minibatch(
+        self, update: Rows, index: torch.Tensor, train_encoder: bool = True
+    ) -> tuple[LossTerms | None, bool]:
+        """One optimizer step on rows `index` of `update`: (this rank's loss terms, or None if it had no row to
+        train; whether the step was taken, which with data-parallel ranks is the same on every rank).
 
         `train_encoder` False (split modes, before the last `encoder_epochs`): the head trains on the newest
         activations `update` holds for each row (the rollout's, or those an encoder epoch fetched), and nothing
         crosses the WAN. In split mode the activations an encoder epoch fetches are written back into
-        `update.inputs`; a row drawn to train the encoder that the edge no longer holds is left out."""
+        `update.inputs`; a row drawn to train the encoder that the edge no longer holds is left out. With
+        data-parallel ranks every rank goes through every collective (gradient average, encoder traffic through
+        rank 0: learner.edge_relay) even when it has no row."""
         s = self.settings
         rows = update.take(index)
         inputs = rows.inputs if s.mode == "cloud" else rows.inputs.float()
         ticket, leaf = None, None
         if s.mode == "split" and train_encoder:
             rows, inputs, leaf, ticket = self._fetch_fresh(update, index, rows, inputs)
-            if len(rows) == 0:
-                return None
         elif s.mode == "split-accumulate" and train_encoder:
             leaf = inputs = inputs.requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
+        terms = self._backward(rows, inputs) if len(rows) else None
+        stepped = terms is not None
+        if self.parallel is not None:
+            stepped = self.parallel.average_gradients(list(self.network.parameters()), trained=stepped)
+        if stepped:
+            nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
+            self.optimizer.step()
+        if leaf is not None:
+            self._send_encoder_gradients(rows, leaf, ticket)
+        return terms, stepped
+
+    def _backward(self, rows: Rows, inputs: torch.Tensor) -> LossTerms:
+        """PPO's loss on `rows` (the network reading `inputs`), backpropagated into fresh .grad fields."""
+        s = self.settings
         advantages = (rows.advantages - rows.advantages.mean()) / (rows.advantages.std(unbiased=False) + 1e-8)
         distribution, new_values = self.network(inputs)
         loss = ppo_loss(
@@ -215,21 +232,22 @@ class Trainer:
         )
         self.optimizer.zero_grad()
         loss.total.backward()
-        if self.parallel is not None:  # cloud mode only (LearnerSettings): every rank trains every minibatch
-            self.parallel.average_gradients(list(self.network.parameters()), trained=True)
-        nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
-        self.optimizer.step()
-        if s.mode == "split" and leaf is not None:
-            assert self.edges is not None and leaf.grad is not None
-            self.edges.return_gradients(ticket, leaf.grad)
-        elif s.mode == "split-accumulate" and train_encoder:
-            assert self.edges is not None and leaf is not None and leaf.grad is not None
-            chosen = self._draw_encoder_rows(len(rows))
-            if bool(chosen.any()):
-                self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], leaf.grad[chosen])
         return LossTerms(
             loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
         )
+
+    def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any) -> None:
+        """The encoder's share of the step: split returns `leaf`'s gradient for the fetched rows (`ticket`);
+        split-accumulate pushes it for a drawn share of `rows`. A leaf no loss reached (no row) sends zeros,
+        which only a data-parallel group sees: its rows of an edge's message stay 0 there."""
+        assert self.edges is not None
+        gradient = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        if self.settings.mode == "split":
+            self.edges.return_gradients(ticket, gradient)
+            return
+        chosen = self._draw_encoder_rows(len(rows))
+        if bool(chosen.any()) or self.parallel is not None:  # a group's rank 0 collects every rank's part
+            self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], gradient[chosen])
 
     def _fetch_fresh(
         self, update: Rows, index: torch.Tensor, rows: Rows, inputs: torch.Tensor
@@ -237,10 +255,11 @@ class Trainer:
         """Split mode's encoder epoch: fresh activations from the edge for the rows drawn to train the encoder
         (written back into `update.inputs`), the other rows keeping `inputs`. Returns (rows, inputs, leaf,
         ticket): the rows to train (a drawn row the edge no longer holds is left out), their inputs, and the
-        leaf whose .grad goes back down with `ticket`; leaf and ticket are None when no row was drawn."""
+        leaf whose .grad goes back down with `ticket`; leaf and ticket are None when no row was drawn (a rank of
+        a data-parallel group fetches anyway: the fetch is a collective)."""
         assert self.edges is not None
         drawn = self._draw_encoder_rows(len(rows)).nonzero().squeeze(1)
-        if len(drawn) == 0:
+        if len(drawn) == 0 and self.parallel is None:
             return rows, inputs, None, None
         fetched, present, ticket = self.edges.fetch_activations(rows.step_ids[drawn])
         update.inputs[index[drawn[present]]] = fetched[present].to(update.inputs.dtype)

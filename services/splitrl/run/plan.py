@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
-from splitrl.core.config import ServerSettings, Settings
+from splitrl.core.config import ServerSettings, Settings, shard_index
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.inference.settings import InferenceSettings
@@ -140,11 +140,11 @@ def plan(
         group = {"rank": rank, "world_size": run.learners, "rendezvous_endpoint": rendezvous}
         return group | ({} if rank == 0 else {"checkpoint_dir": None})
 
-    def shard_of(inference: str) -> str:
-        """The replay shard inference replica r writes to: shard r mod K (so every chunk of a stream goes to one
-        shard, where dedup and order hold)."""
+    def shard_of(inference: str) -> dict[str, Any]:
+        """Inference replica r's index and the one replay shard it writes to (core.config.shard_index)."""
         replica = instances.index(inference) - instances.index("inference")
-        return addresses.get(replica_name("replay", replica % run.replay_shards), NOT_SERVING)
+        shard = replica_name("replay", shard_index(replica, run.replay_shards))
+        return {"replica_index": replica, "replay_address": addresses.get(shard, NOT_SERVING)}
 
     placement: dict[str, dict[str, Any]] = {
         "replay": {},
@@ -173,7 +173,7 @@ def plan(
             "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
             **tls_values(service, run, run_dir),
             **placement[service],
-            **({"replay_address": shard_of(name)} if service == "inference" else {}),
+            **(shard_of(name) if service == "inference" else {}),
             **(learner_rank(name) if service == "learner" and run.learners > 1 else {}),
         }
         try:

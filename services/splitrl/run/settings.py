@@ -63,8 +63,9 @@ class RunSettings(
         1,
         ge=1,
         le=16,
-        description="Data-parallel learners (learner, learner-1, ...; cloud mode): each samples its share of every "
-        "update, gradients are averaged every minibatch, learner (rank 0) publishes and checkpoints.",
+        description="Data-parallel learners (learner, learner-1, ...): each samples its share of every update, "
+        "gradients are averaged every minibatch, learner (rank 0) publishes and checkpoints; in split modes the "
+        "edges dial rank 0, which relays every rank's activations and gradients (one encoder step per minibatch).",
     )
     learner_rendezvous_port: int = Field(
         29500, ge=1, le=65535, description="--learners > 1: port where the learners meet (rank 0 serves it)."
@@ -80,11 +81,6 @@ class RunSettings(
 
     @model_validator(mode="after")
     def _replicas_fit(self) -> RunSettings:
-        if self.learners > 1 and self.mode != "cloud":
-            raise ValueError(
-                f"learners={self.learners} needs mode 'cloud', got {self.mode!r}: in split modes the edge's encoder "
-                "would take one step per learner"
-            )
         if self.chunks_per_update % self.learners:
             raise ValueError(f"chunks_per_update={self.chunks_per_update} must divide among learners={self.learners}")
         if self.replay_shards > self.inference_replicas:

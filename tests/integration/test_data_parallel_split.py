@@ -1,0 +1,200 @@
+"""Data-parallel learners in the split modes (issue 19): every rank's encoder traffic goes through rank 0.
+
+Two ranks as real processes (gloo over a real TCPStore). Rank 0 holds the edges' link, here a recording
+stand-in for EdgeLinks; each rank trains on its own chunks, whose step ids are disjoint. The invariant of
+learner.edge_relay: per minibatch the edges get one message holding every rank's rows for their step ids,
+each rank's gradient scaled by 1/2, in rank order; each rank gets back the activations of its own ids; and the
+ranks' weights stay identical.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from splitrl.core.models import cloud_network
+from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.learner.distributed import DataParallel, weights_checksum
+from splitrl.learner.edge_relay import EdgeRelay
+from splitrl.learner.settings import LearnerSettings
+from splitrl.learner.trainer import Batch, Trainer
+
+CHUNKS, HORIZON, WIDTH = 2, 8, 16
+SPEC = ActionSpec("discrete", 3)
+MODEL = ModelConfig(2, 36, WIDTH, "relu")
+MINIBATCHES, EPOCHS = 2, 2
+#: Step ids the recording edge no longer holds: missing rows, which no gradient row may follow down.
+FORGOTTEN = 5
+
+
+def batch(rank: int) -> Batch:
+    """Rank r's chunks: step ids 1000 r + i, inputs (activations stored at rollout) all 0."""
+    generator = torch.Generator().manual_seed(rank)
+    shape = (CHUNKS, HORIZON)
+    return Batch(
+        inputs=torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16),
+        actions=torch.randint(0, 3, shape, generator=generator),
+        behaviour_log_probs=torch.full(shape, -1.0986),
+        values=torch.zeros(CHUNKS, HORIZON + 1),
+        rewards=torch.randn(shape, generator=generator),
+        dones=torch.zeros(shape, dtype=torch.bool),
+        policy_versions=torch.zeros(shape, dtype=torch.long),
+        step_ids=1000 * rank + torch.arange(CHUNKS * (HORIZON + 1)).reshape(CHUNKS, HORIZON + 1),
+        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
+        weights=torch.ones(CHUNKS),
+    )
+
+
+def activation_of(step_ids: torch.Tensor) -> torch.Tensor:
+    """What the recording edge answers for each id: a row that names it (so a rank can tell its own rows)."""
+    return (step_ids.float() / 1000).unsqueeze(1).expand(-1, WIDTH).clone()
+
+
+class RecordingEdges:
+    """Rank 0's stand-in for EdgeLinks: every fetch answers activation_of(id), ids divisible by FORGOTTEN
+    missing; records every message the edges would get."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, list[int], torch.Tensor | None]] = []
+
+    def fetch_activations(self, step_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        present = step_ids % FORGOTTEN != 0
+        activations = activation_of(step_ids) * present.unsqueeze(1)
+        self.messages.append(("fetch", step_ids.tolist(), None))
+        return activations, present, step_ids[present].tolist()
+
+    def return_gradients(self, ticket: list[int], gradients: torch.Tensor) -> None:
+        self.messages.append(("return", ticket, gradients.clone()))
+
+    def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
+        self.messages.append(("push", step_ids.tolist(), gradients.clone()))
+
+
+class RecordingRelay(EdgeRelay):
+    """The relay, recording what this rank's trainer handed it and got from it."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.handed: list[tuple[list[int], torch.Tensor]] = []
+        self.fetched: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []
+        self._asked: list[int] = []
+
+    def fetch_activations(self, step_ids):
+        activations, present, ticket = super().fetch_activations(step_ids)
+        self.fetched.append((step_ids.tolist(), activations.clone(), present.clone()))
+        self._asked = step_ids.tolist()
+        return activations, present, ticket
+
+    def return_gradients(self, ticket, gradients):
+        self.handed.append((self._asked, gradients.clone()))
+        super().return_gradients(ticket, gradients)
+
+    def push_gradients(self, step_ids, encoder_versions, gradients):
+        self.handed.append((step_ids.tolist(), gradients.clone()))
+        super().push_gradients(step_ids, encoder_versions, gradients)
+
+
+def rank_main(mode: str, fraction: float, rank: int, port: int, results: mp.Queue) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    settings = LearnerSettings(
+        mode=mode,
+        tls="plaintext",
+        epochs=EPOCHS,
+        minibatches=MINIBATCHES,
+        chunks_per_update=2,
+        world_size=2,
+        rank=rank,
+        encoder_fraction=fraction,
+    )
+    parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=60)
+    edges = RecordingEdges() if rank == 0 else None
+    relay = RecordingRelay(parallel, edges, WIDTH)
+    learner = Trainer(cloud_network(mode, MODEL, SPEC), settings, relay, parallel)
+    parallel.sync_state(learner.network, learner.optimizer, 0)
+    stats = learner.update(batch(rank))
+    messages = [] if edges is None else edges.messages
+    # Pickled here: a queue would share the tensors' memory with a process that is about to exit.
+    record = (rank, stats.optimizer_steps, weights_checksum(learner.network), relay.handed, relay.fetched, messages)
+    results.put(pickle.dumps(record))
+    parallel.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_two_ranks(mode: str, fraction: float = 1.0) -> dict[int, tuple[Any, ...]]:
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=rank_main, args=(mode, fraction, rank, port, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    got = {rank: rest for rank, *rest in (pickle.loads(results.get(timeout=150)) for _ in processes)}
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    return got
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fraction", [1.0, 0.25])
+def test_split_accumulate_ranks_push_through_rank_0_one_message_per_minibatch(fraction: float):
+    got = run_two_ranks("split-accumulate", fraction)
+    (steps_0, sum_0, handed_0, _, messages), (steps_1, sum_1, handed_1, _, none) = got[0], got[1]
+    assert steps_0 == steps_1 == EPOCHS * MINIBATCHES and sum_0 == sum_1 and none == []
+    # Every rank hands its part every minibatch (a collective), even an empty one; the edges get one push per
+    # minibatch that drew any row (one encoder step), rank 0's rows then rank 1's, each gradient / 2.
+    assert len(handed_0) == len(handed_1) == EPOCHS * MINIBATCHES
+    expected = [
+        (ids_0 + ids_1, torch.cat([part_0, part_1]) / 2)
+        for (ids_0, part_0), (ids_1, part_1) in zip(handed_0, handed_1, strict=True)
+        if ids_0 or ids_1
+    ]
+    assert [kind for kind, _, _ in messages] == ["push"] * len(expected)
+    for (_, ids, gradients), (expected_ids, expected_gradients) in zip(messages, expected, strict=True):
+        assert ids == expected_ids and torch.allclose(gradients, expected_gradients)
+    rows_1 = [i for ids, _ in handed_1 for i in ids]
+    assert all(i >= 1000 for i in rows_1) and all(i < 1000 for ids, _ in handed_0 for i in ids)
+    if fraction == 1.0:
+        assert len(rows_1) == EPOCHS * CHUNKS * HORIZON  # every row of rank 1, once an epoch
+
+
+@pytest.mark.timeout(180)
+def test_split_ranks_fetch_and_return_through_rank_0_and_get_their_own_rows():
+    got = run_two_ranks("split")
+    (steps_0, sum_0, handed_0, fetched_0, messages), (steps_1, sum_1, handed_1, fetched_1, _) = got[0], got[1]
+    assert steps_0 == steps_1 == EPOCHS * MINIBATCHES and sum_0 == sum_1
+    # Per minibatch: one fetch of both ranks' ids, then one return for the rows the edge still had.
+    assert [kind for kind, _, _ in messages] == ["fetch", "return"] * (EPOCHS * MINIBATCHES)
+    for minibatch in range(EPOCHS * MINIBATCHES):
+        (_, asked, _), (_, returned_ids, gradients) = messages[2 * minibatch], messages[2 * minibatch + 1]
+        (ids_0, rows_0, present_0), (ids_1, rows_1, present_1) = fetched_0[minibatch], fetched_1[minibatch]
+        assert asked == ids_0 + ids_1
+        for ids, rows, present in ((ids_0, rows_0, present_0), (ids_1, rows_1, present_1)):
+            held = torch.tensor(ids) % FORGOTTEN != 0
+            assert torch.equal(present, held)  # each rank got its own rows back, in its order
+            assert torch.equal(rows[held], activation_of(torch.tensor(ids))[held])
+        assert returned_ids == [i for i in asked if i % FORGOTTEN != 0]
+        both = torch.cat([handed_0[minibatch][1], handed_1[minibatch][1]]) / 2
+        assert torch.allclose(gradients, both)
+        assert torch.count_nonzero(both[torch.tensor(asked) % FORGOTTEN == 0]) == 0  # missing rows get nothing
+
+
+def test_only_rank_0_holds_the_edges():
+    class Rank:
+        def __init__(self, rank: int) -> None:
+            self.rank, self.world_size = rank, 2
+
+    with pytest.raises(ValueError, match="rank 1: the edges dial rank 0"):
+        EdgeRelay(Rank(1), RecordingEdges(), WIDTH)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rank 0: the edges dial rank 0"):
+        EdgeRelay(Rank(0), None, WIDTH)  # type: ignore[arg-type]
