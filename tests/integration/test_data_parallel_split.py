@@ -169,8 +169,9 @@ def test_split_accumulate_ranks_push_through_rank_0_one_message_per_minibatch(fr
 
 
 @pytest.mark.timeout(180)
-def test_split_ranks_fetch_and_return_through_rank_0_and_get_their_own_rows():
-    got = run_two_ranks("split")
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_split_ranks_fetch_and_return_through_rank_0_and_get_their_own_rows(fraction: float):
+    got = run_two_ranks("split", fraction)
     (steps_0, sum_0, handed_0, fetched_0, messages), (steps_1, sum_1, handed_1, fetched_1, _) = got[0], got[1]
     assert steps_0 == steps_1 == EPOCHS * MINIBATCHES and sum_0 == sum_1
     # Per minibatch: one fetch of both ranks' ids, then one return for the rows the edge still had.
