@@ -571,6 +571,8 @@ def test_learner_ranks_are_the_statefulset_pods_and_meet_at_pod_0(manifest):
     [rank] = [v for v in container["env"] if v["name"] == "SPLITRL_RANK"]
     assert rank["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
     assert learners["spec"]["podManagementPolicy"] == "Parallel"  # ranks wait for each other: start together
+    # Ranks must resolve learner-0 to meet there whether or not its readiness probe passes yet.
+    assert manifest.get("Service", "learner")["spec"]["publishNotReadyAddresses"] is True
     [edge] = [c for c in manifest.pod("edge").splitrl_containers if c["name"] == "edge-encoder"]
     edge_dials = [host for host, *_ in kube.dialled(manifest, manifest.env(edge)["SPLITRL_LEARNER_ADDRESS"])]
     if replicas == 1:

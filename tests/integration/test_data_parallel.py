@@ -95,10 +95,13 @@ def test_two_ranks_hold_identical_weights_after_every_update_and_train_on_the_me
     assert weights_checksum(alone.network) != sums_0[-1]
 
 
-def test_a_rank_outside_the_group_an_uneven_share_or_a_bad_endpoint_is_refused():
+def test_a_rank_outside_the_group_an_uneven_share_a_bad_endpoint_or_a_short_split_timeout_is_refused():
     with pytest.raises(ValueError, match="rank=2 must be below world_size=2"):
         LearnerSettings(world_size=2, rank=2, mode="cloud", chunks_per_update=2)
     with pytest.raises(ValueError, match="must divide among world_size=2"):
         LearnerSettings(world_size=2, mode="cloud", chunks_per_update=3)
     with pytest.raises(ValueError, match="expected one host:port, got 'a:1,b:2'"):
         LearnerSettings(rendezvous_endpoint="a:1,b:2")
+    with pytest.raises(ValueError, match="rendezvous_timeout_s=30 must exceed the 60 s a split step may wait"):
+        LearnerSettings(world_size=2, mode="split", chunks_per_update=2, rendezvous_timeout_s=30)
+    LearnerSettings(world_size=2, mode="cloud", chunks_per_update=2, rendezvous_timeout_s=30)  # no edge to wait on

@@ -2,23 +2,28 @@
 
 Two ranks as real processes (gloo over a real TCPStore). Rank 0 holds the edges' link, here a recording
 stand-in for EdgeLinks; each rank trains on its own chunks, whose step ids are disjoint. The invariant of
-learner.edge_relay: per minibatch the edges get one message holding every rank's rows for their step ids,
-each rank's gradient scaled by 1/2, in rank order; each rank gets back the activations of its own ids; and the
-ranks' weights stay identical.
+learner.edge_relay: per minibatch the edges get one message holding every rank's rows for their step ids, in
+rank order (each rank's trainer scaled its rows by 1/2: tests/unit/test_trainer.py); each rank gets back the
+activations of its own ids; and the ranks' weights stay identical.
 """
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import socket
+import time
 from typing import Any
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from prometheus_client import CollectorRegistry
 
+from splitrl.core.metrics import Metrics
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.learner import service as learner_service
 from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.settings import LearnerSettings
@@ -65,14 +70,16 @@ class RecordingEdges:
     def fetch_activations(self, step_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         present = step_ids % FORGOTTEN != 0
         activations = activation_of(step_ids) * present.unsqueeze(1)
-        self.messages.append(("fetch", step_ids.tolist(), None))
+        if len(step_ids):  # as EdgeLinks: no row, no message
+            self.messages.append(("fetch", step_ids.tolist(), None))
         return activations, present, step_ids[present].tolist()
 
     def return_gradients(self, ticket: list[int], gradients: torch.Tensor) -> None:
         self.messages.append(("return", ticket, gradients.clone()))
 
     def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
-        self.messages.append(("push", step_ids.tolist(), gradients.clone()))
+        if len(step_ids):
+            self.messages.append(("push", step_ids.tolist(), gradients.clone()))
 
 
 class RecordingRelay(EdgeRelay):
@@ -114,7 +121,7 @@ def rank_main(mode: str, fraction: float, rank: int, port: int, results: mp.Queu
     )
     parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=60)
     edges = RecordingEdges() if rank == 0 else None
-    relay = RecordingRelay(parallel, edges, WIDTH)
+    relay = RecordingRelay(parallel, edges)
     learner = Trainer(cloud_network(mode, MODEL, SPEC), settings, relay, parallel)
     parallel.sync_state(learner.network, learner.optimizer, 0)
     stats = learner.update(batch(rank))
@@ -152,10 +159,10 @@ def test_split_accumulate_ranks_push_through_rank_0_one_message_per_minibatch(fr
     (steps_0, sum_0, handed_0, _, messages), (steps_1, sum_1, handed_1, _, none) = got[0], got[1]
     assert steps_0 == steps_1 == EPOCHS * MINIBATCHES and sum_0 == sum_1 and none == []
     # Every rank hands its part every minibatch (a collective), even an empty one; the edges get one push per
-    # minibatch that drew any row (one encoder step), rank 0's rows then rank 1's, each gradient / 2.
+    # minibatch that drew any row (one encoder step), rank 0's rows then rank 1's.
     assert len(handed_0) == len(handed_1) == EPOCHS * MINIBATCHES
     expected = [
-        (ids_0 + ids_1, torch.cat([part_0, part_1]) / 2)
+        (ids_0 + ids_1, torch.cat([part_0, part_1]))
         for (ids_0, part_0), (ids_1, part_1) in zip(handed_0, handed_1, strict=True)
         if ids_0 or ids_1
     ]
@@ -185,7 +192,7 @@ def test_split_ranks_fetch_and_return_through_rank_0_and_get_their_own_rows(frac
             assert torch.equal(present, held)  # each rank got its own rows back, in its order
             assert torch.equal(rows[held], activation_of(torch.tensor(ids))[held])
         assert returned_ids == [i for i in asked if i % FORGOTTEN != 0]
-        both = torch.cat([handed_0[minibatch][1], handed_1[minibatch][1]]) / 2
+        both = torch.cat([handed_0[minibatch][1], handed_1[minibatch][1]])
         assert torch.allclose(gradients, both)
         assert torch.count_nonzero(both[torch.tensor(asked) % FORGOTTEN == 0]) == 0  # missing rows get nothing
 
@@ -196,6 +203,53 @@ def test_only_rank_0_holds_the_edges():
             self.rank, self.world_size = rank, 2
 
     with pytest.raises(ValueError, match="rank 1: the edges dial rank 0"):
-        EdgeRelay(Rank(1), RecordingEdges(), WIDTH)  # type: ignore[arg-type]
+        EdgeRelay(Rank(1), RecordingEdges())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="rank 0: the edges dial rank 0"):
-        EdgeRelay(Rank(0), None, WIDTH)  # type: ignore[arg-type]
+        EdgeRelay(Rank(0), None)  # type: ignore[arg-type]
+
+
+#: The group's collective timeout in the wait test, and when rank 0's only edge dials in: well past it.
+GROUP_TIMEOUT_S, EDGE_ARRIVES_S = 3.0, 8.0
+
+
+class LateEdge:
+    """Rank 0's edges as LearnerService._wait_for_an_edge reads them: none until EDGE_ARRIVES_S, then one."""
+
+    def __init__(self) -> None:
+        self.arrival = time.monotonic() + EDGE_ARRIVES_S
+        self.connected = asyncio.Event()
+
+    @property
+    def edge_count(self) -> int:
+        return int(time.monotonic() >= self.arrival)
+
+
+def waiting_rank_main(rank: int, port: int, results: mp.Queue) -> None:
+    learner_service.EDGE_WAIT_LOG_S = 0.5  # rank 0 reports to the group every 0.5 s, well inside its timeout
+    settings = LearnerSettings(mode="split-accumulate", tls="plaintext", world_size=2, rank=rank, chunks_per_update=2)
+    service = learner_service.LearnerService(settings, Metrics(CollectorRegistry()))
+    service.parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=GROUP_TIMEOUT_S)
+    if rank == 0:
+        service.edges = LateEdge()  # type: ignore[assignment]
+    started = time.monotonic()
+    asyncio.run(service._wait_for_an_edge())
+    results.put((rank, time.monotonic() - started))
+    service.parallel.close()
+
+
+@pytest.mark.timeout(120)
+def test_ranks_wait_for_rank_0s_first_edge_together_past_the_group_timeout():
+    """Only rank 0 sees edges; the others wait with it, a broadcast at a time, so none fails in a collective
+    while no edge has dialled in for longer than the group's timeout, and all start training together."""
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    processes = [context.Process(target=waiting_rank_main, args=(rank, port, results)) for rank in range(2)]
+    for process in processes:
+        process.start()
+    waited = dict(results.get(timeout=90) for _ in processes)
+    for process in processes:
+        process.join(30)
+        assert process.exitcode == 0
+    assert waited[0] >= EDGE_ARRIVES_S - 1 > 2 * GROUP_TIMEOUT_S
+    assert abs(waited[1] - waited[0]) < GROUP_TIMEOUT_S  # rank 1 left the wait when rank 0 did

@@ -80,7 +80,8 @@ class RecordingEdges:
         raise AssertionError("split-accumulate pushes, it does not return")
 
     def push_gradients(self, step_ids, encoder_versions, gradients):
-        self.pushed.append((step_ids, gradients))
+        if len(step_ids):  # as EdgeLinks: no row, no message
+            self.pushed.append((step_ids, gradients))
 
 
 def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
@@ -110,6 +111,32 @@ def test_split_accumulate_sends_gradients_down_only_in_its_last_encoder_epochs()
     assert sorted(pushed_ids) == sorted(set(pushed_ids)) and len(pushed_ids) == CHUNKS * HORIZON
 
 
+class TwoRanksTraining:
+    """A data-parallel group as the trainer sees it: both ranks trained every minibatch, and (as if the other
+    rank's gradients equalled this one's) the averaged gradient is this rank's own."""
+
+    rank, world_size = 0, 2
+
+    def average_gradients(self, parameters, trained):
+        return 2 if trained else 0
+
+
+def test_with_ranks_the_encoder_gradient_is_scaled_by_the_ranks_that_trained():
+    """The group's loss is the mean of the ranks' losses, so the rows sent down are 1/2 of one learner's."""
+    settings = LearnerSettings(mode="split-accumulate", tls="plaintext", epochs=1, minibatches=1, encoder_fraction=1)
+    activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
+    pushed = []
+    for parallel in (None, TwoRanksTraining()):
+        edges = RecordingEdges()
+        torch.manual_seed(0)
+        trainer = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges, parallel)  # type: ignore[arg-type]
+        trainer.update(batch(activations))
+        ((_, gradients),) = edges.pushed
+        pushed.append(gradients)
+    alone, in_group = pushed
+    assert alone.abs().sum() > 0 and torch.allclose(in_group, alone / 2)
+
+
 class FreshEdges:
     """Split mode's edge: answers every fetch with activations of 7.0 (the stored rollout ones are 0), all
     present; records each fetch and each gradient return."""
@@ -119,12 +146,14 @@ class FreshEdges:
         self.returned: list[torch.Tensor] = []
 
     def fetch_activations(self, step_ids):
-        self.fetched.append(step_ids)
+        if len(step_ids):  # as EdgeLinks: no row, no message
+            self.fetched.append(step_ids)
         return torch.full((len(step_ids), WIDTH), 7.0), torch.ones(len(step_ids), dtype=torch.bool), len(step_ids)
 
     def return_gradients(self, ticket, gradients):
         assert ticket == len(gradients)
-        self.returned.append(gradients)
+        if ticket:
+            self.returned.append(gradients)
 
     def push_gradients(self, step_ids, encoder_versions, gradients):  # pragma: no cover - accumulate only
         raise AssertionError("split mode returns gradients, it does not push")

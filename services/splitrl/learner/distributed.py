@@ -49,22 +49,30 @@ class DataParallel:
             optimizer.load_state_dict(state[1])
         return int(state[2])
 
-    def average_gradients(self, parameters: list[nn.Parameter], trained: bool) -> bool:
+    def average_gradients(self, parameters: list[nn.Parameter], trained: bool) -> int:
         """Replace each parameter's .grad by its mean over the ranks that `trained` this minibatch (a rank that
-        had no row passes False and zeros); False if no rank trained. Every rank must call it once per
-        minibatch: it is one all-reduce of every gradient and the count."""
+        had no row passes False and zeros); returns how many ranks trained (0: none, and no .grad is touched).
+        The group's loss is the mean of those ranks' losses. Every rank must call it once per minibatch: it is
+        one all-reduce of every gradient and the count."""
         flat = [p.grad.reshape(-1) if p.grad is not None and trained else torch.zeros(p.numel()) for p in parameters]
         buffer = torch.cat([*flat, torch.tensor([1.0 if trained else 0.0])])
         dist.all_reduce(buffer)
-        count = float(buffer[-1])
-        if count == 0:
-            return False
+        ranks_trained = round(float(buffer[-1]))
+        if ranks_trained == 0:
+            return 0
         offset = 0
         for parameter in parameters:
             size = parameter.numel()
-            parameter.grad = (buffer[offset : offset + size] / count).reshape(parameter.shape)
+            parameter.grad = (buffer[offset : offset + size] / ranks_trained).reshape(parameter.shape)
             offset += size
-        return True
+        return ranks_trained
+
+    def rank_0_says(self, answer: bool) -> bool:
+        """Rank 0's `answer` on every rank (one broadcast: every rank must call it; the others' `answer` is
+        ignored). Lets the group wait together on something only rank 0 sees, a step at a time."""
+        decision: list[Any] = [answer]
+        dist.broadcast_object_list(decision, src=0)
+        return bool(decision[0])
 
     def close(self) -> None:
         if dist.is_initialized():

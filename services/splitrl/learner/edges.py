@@ -25,12 +25,12 @@ from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Busy
 from splitrl.core.step_ids import MAX_PREFIX, pack_step_ids, prefix_of
+from splitrl.learner.settings import EDGE_REPLY_TIMEOUT_S
 from splitrl.v1 import training_pb2, training_pb2_grpc
 
 log = logging.getLogger(__name__)
 #: Split-accumulate gradients waiting to be written to one edge before the trainer blocks (backpressure).
 MAX_QUEUED_MESSAGES = 64
-REPLY_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -267,7 +267,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             return None  # no edge has ever connected, or the learner is stopping
         future = asyncio.run_coroutine_threadsafe(self._send(prefix, message, request_id, wait), self._loop)
         try:
-            return future.result(REPLY_TIMEOUT_S)
+            return future.result(EDGE_REPLY_TIMEOUT_S)
         except (ConnectionError, FutureTimeout) as error:
             future.cancel()
             log.warning("training request %d to edge prefix %d failed: %s", request_id, prefix, error)

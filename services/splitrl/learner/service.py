@@ -110,7 +110,7 @@ class LearnerService(LoopService):
                 log.info("rank %d of %d: joining the learners at %s", s.rank, s.world_size, s.rendezvous_endpoint)
                 self.parallel = DataParallel(s.rank, s.world_size, s.rendezvous_endpoint, s.rendezvous_timeout_s)
                 if s.mode != "cloud":
-                    edges = EdgeRelay(self.parallel, self.edges, s.width)
+                    edges = EdgeRelay(self.parallel, self.edges)
             trainer = Trainer(self._network, s, edges, self.parallel)
             self._restore(trainer)
             if self.parallel is not None:
@@ -209,12 +209,24 @@ class LearnerService(LoopService):
         )
 
     async def _wait_for_an_edge(self) -> None:
-        """Split modes: the encoder trains on the edges, so an update waits until one is connected."""
-        while self.edges is not None and self.edges.edge_count == 0:
-            try:
-                await asyncio.wait_for(self.edges.connected.wait(), EDGE_WAIT_LOG_S)
-            except TimeoutError:
-                log.info("waiting for an edge-encoder to dial in before training")
+        """Split modes: the encoder trains on the edges, so an update waits until one is connected to rank 0.
+
+        With data-parallel ranks the wait is a group step: every EDGE_WAIT_LOG_S at most, rank 0 tells the
+        others whether an edge is here, so no rank sits in a collective past `rendezvous_timeout_s` while rank 0
+        waits for edges."""
+        if self.settings.mode == "cloud":
+            return
+        connected = False
+        while not connected:
+            if self.edges is not None and self.edges.edge_count == 0:
+                try:
+                    await asyncio.wait_for(self.edges.connected.wait(), EDGE_WAIT_LOG_S)
+                except TimeoutError:
+                    log.info("waiting for an edge-encoder to dial in before training")
+            connected = self.edges is None or self.edges.edge_count > 0  # only rank 0 holds edges: it decides
+            if self.parallel is not None:
+                loop = asyncio.get_running_loop()
+                connected = await loop.run_in_executor(self._executor, self.parallel.rank_0_says, connected)
 
     def _record(self, stats: UpdateStats) -> None:
         if self.settings.rank == 0:  # one update of the group, however many ranks took part

@@ -20,6 +20,8 @@ from splitrl.core.config import (
 
 #: split-accumulate's share of rows that train the encoder when `encoder_fraction` is unset (split's is 1).
 ACCUMULATE_ENCODER_FRACTION = 0.25
+#: Longest wait (s) for one edge's answer to a training request before the learner gives up on those rows.
+EDGE_REPLY_TIMEOUT_S = 60.0
 
 
 class PPOSettings(Settings):
@@ -119,7 +121,10 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
         description="Data-parallel learners: host:port of the TCP store rank 0 serves, where the ranks meet.",
     )
     rendezvous_timeout_s: float = Field(
-        120.0, gt=0, description="Data-parallel learners: longest wait (s) for every rank to join, or for one step."
+        120.0,
+        gt=0,
+        description="Data-parallel learners: longest wait (s) for every rank to join, or for one step. In split "
+        f"modes a step may wait on an edge's answer ({EDGE_REPLY_TIMEOUT_S:g} s at most), so it must be longer.",
     )
 
     @field_validator("rendezvous_endpoint")
@@ -137,5 +142,10 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
         if self.chunks_per_update % self.world_size:
             raise ValueError(
                 f"chunks_per_update={self.chunks_per_update} must divide among world_size={self.world_size} ranks"
+            )
+        if self.mode != "cloud" and self.world_size > 1 and self.rendezvous_timeout_s <= EDGE_REPLY_TIMEOUT_S:
+            raise ValueError(
+                f"rendezvous_timeout_s={self.rendezvous_timeout_s:g} must exceed the {EDGE_REPLY_TIMEOUT_S:g} s "
+                f"a {self.mode} step may wait on an edge while the other ranks wait in a collective"
             )
         return self

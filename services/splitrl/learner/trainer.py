@@ -173,8 +173,10 @@ class Trainer:
             order = torch.randperm(len(rows), generator=self.generator)
             for start in range(0, len(rows), minibatch):
                 trained, stepped = self._minibatch(rows, order[start : start + minibatch], train_encoder)
-                terms += [trained] if trained is not None else []
-                optimizer_steps += stepped
+                if trained is not None:
+                    terms.append(trained)
+                if stepped:
+                    optimizer_steps += 1
         return UpdateStats(
             LossTerms.mean(terms),
             steps=len(rows),
@@ -203,15 +205,15 @@ class Trainer:
         elif s.mode == "split-accumulate" and train_encoder:
             leaf = inputs = inputs.requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
         terms = self._backward(rows, inputs) if len(rows) else None
-        stepped = terms is not None
+        ranks_trained = int(terms is not None)  # the group's (learner.distributed), or this learner alone
         if self.parallel is not None:
-            stepped = self.parallel.average_gradients(list(self.network.parameters()), trained=stepped)
-        if stepped:
+            ranks_trained = self.parallel.average_gradients(list(self.network.parameters()), terms is not None)
+        if ranks_trained:
             nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
             self.optimizer.step()
         if leaf is not None:
-            self._send_encoder_gradients(rows, leaf, ticket)
-        return terms, stepped
+            self._send_encoder_gradients(rows, leaf, ticket, ranks_trained)
+        return terms, ranks_trained > 0
 
     def _backward(self, rows: Rows, inputs: torch.Tensor) -> LossTerms:
         """PPO's loss on `rows` (the network reading `inputs`), backpropagated into fresh .grad fields."""
@@ -236,31 +238,31 @@ class Trainer:
             loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
         )
 
-    def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any) -> None:
-        """The encoder's share of the step: split returns `leaf`'s gradient for the fetched rows (`ticket`);
-        split-accumulate pushes it for a drawn share of `rows`. A leaf no loss reached (no row) sends zeros,
-        which only a data-parallel group sees: its rows of an edge's message stay 0 there."""
+    def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any, ranks_trained: int) -> None:
+        """Send the edges d(loss)/d(activations) of `leaf`: split returns it for the rows fetched with `ticket`;
+        split-accumulate pushes it for a drawn share of `rows` (the rows `leaf` holds). With data-parallel ranks
+        the loss is the mean of the `ranks_trained` ranks' losses, so the rows are scaled by 1/ranks_trained,
+        as the head's gradient is averaged. A leaf no loss reached (no row here) sends zeros, or nothing when
+        it is empty. Called even then: with ranks it is a collective (learner.edge_relay)."""
         assert self.edges is not None
         gradient = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        gradient = gradient / max(ranks_trained, 1)
         if self.settings.mode == "split":
             self.edges.return_gradients(ticket, gradient)
             return
         chosen = self._draw_encoder_rows(len(rows))
-        if bool(chosen.any()) or self.parallel is not None:  # a group's rank 0 collects every rank's part
-            self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], gradient[chosen])
+        self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], gradient[chosen])
 
     def _fetch_fresh(
         self, update: Rows, index: torch.Tensor, rows: Rows, inputs: torch.Tensor
-    ) -> tuple[Rows, torch.Tensor, torch.Tensor | None, Any]:
+    ) -> tuple[Rows, torch.Tensor, torch.Tensor, Any]:
         """Split mode's encoder epoch: fresh activations from the edge for the rows drawn to train the encoder
         (written back into `update.inputs`), the other rows keeping `inputs`. Returns (rows, inputs, leaf,
         ticket): the rows to train (a drawn row the edge no longer holds is left out), their inputs, and the
-        leaf whose .grad goes back down with `ticket`; leaf and ticket are None when no row was drawn (a rank of
-        a data-parallel group fetches anyway: the fetch is a collective)."""
+        leaf whose .grad goes back down with `ticket` (empty when no row was drawn: the fetch still happens, as
+        with data-parallel ranks it is a collective, and asks no edge for anything)."""
         assert self.edges is not None
         drawn = self._draw_encoder_rows(len(rows)).nonzero().squeeze(1)
-        if len(drawn) == 0 and self.parallel is None:
-            return rows, inputs, None, None
         fetched, present, ticket = self.edges.fetch_activations(rows.step_ids[drawn])
         update.inputs[index[drawn[present]]] = fetched[present].to(update.inputs.dtype)
         leaf = fetched.requires_grad_()  # rows the edge lacked stay 0 here and get a 0 gradient

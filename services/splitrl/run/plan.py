@@ -156,7 +156,7 @@ def plan(
         },
         "edge-encoder": {
             "inference_address": address("inference"),
-            "learner_address": addresses.get("learner", NOT_SERVING),  # split modes have one learner
+            "learner_address": addresses.get("learner", NOT_SERVING),  # rank 0: it relays the other ranks
             "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
         },
         "environment": {"encoder_address": address("edge-encoder")},
