@@ -102,6 +102,6 @@ def test_a_rank_outside_the_group_an_uneven_share_a_bad_endpoint_or_a_short_spli
         LearnerSettings(world_size=2, mode="cloud", chunks_per_update=3)
     with pytest.raises(ValueError, match="expected one host:port, got 'a:1,b:2'"):
         LearnerSettings(rendezvous_endpoint="a:1,b:2")
-    with pytest.raises(ValueError, match="rendezvous_timeout_s=30 must exceed the 60 s a split step may wait"):
-        LearnerSettings(world_size=2, mode="split", chunks_per_update=2, rendezvous_timeout_s=30)
+    with pytest.raises(ValueError, match="rendezvous_timeout_s=90 must be at least twice the 60 s a split step"):
+        LearnerSettings(world_size=2, mode="split", chunks_per_update=2, rendezvous_timeout_s=90)
     LearnerSettings(world_size=2, mode="cloud", chunks_per_update=2, rendezvous_timeout_s=30)  # no edge to wait on

@@ -75,7 +75,8 @@ class RecordingEdges:
         return activations, present, step_ids[present].tolist()
 
     def return_gradients(self, ticket: list[int], gradients: torch.Tensor) -> None:
-        self.messages.append(("return", ticket, gradients.clone()))
+        if ticket:
+            self.messages.append(("return", ticket, gradients.clone()))
 
     def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
         if len(step_ids):

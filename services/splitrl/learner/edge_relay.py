@@ -48,7 +48,9 @@ class EdgeRelay:
         if self.edges is not None:
             activations, present, ticket = self.edges.fetch_activations(torch.cat(every_rank_ids))
             counts = [len(ids) for ids in every_rank_ids]
-            answers = list(zip(activations.split(counts), present.split(counts), strict=True))
+            # Cloned: a view pickles with its whole storage, which would send every rank every row.
+            rows = zip(activations.split(counts), present.split(counts), strict=True)
+            answers = [(rank_rows.clone(), rank_present.clone()) for rank_rows, rank_present in rows]
         mine: list[Any] = [None]
         dist.scatter_object_list(mine, answers, src=0)
         activations, present = mine[0]

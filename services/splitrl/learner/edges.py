@@ -31,6 +31,8 @@ from splitrl.v1 import training_pb2, training_pb2_grpc
 log = logging.getLogger(__name__)
 #: Split-accumulate gradients waiting to be written to one edge before the trainer blocks (backpressure).
 MAX_QUEUED_MESSAGES = 64
+#: How much later than the edges' deadline the trainer's thread stops waiting on the event loop itself.
+LOOP_SLACK_S = 5.0
 
 
 @dataclass
@@ -48,6 +50,12 @@ class _Edge:
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(ConnectionError(f"edge {self.edge_id} disconnected"))
+
+
+def request_id_of(message: training_pb2.LearnerMessage) -> int:
+    """The request id a LearnerMessage carries, whichever kind it is."""
+    kind = message.WhichOneof("kind")
+    return int(getattr(message, kind).request_id)
 
 
 @dataclass
@@ -184,13 +192,17 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         activations = torch.zeros((len(step_ids), self.width))
         present = torch.zeros(len(step_ids), dtype=torch.bool)
         ticket = Ticket([])
-        for prefix, positions in self._by_prefix(step_ids).items():
+        by_prefix = self._by_prefix(step_ids)
+        requests = {}
+        for prefix, positions in by_prefix.items():
             request_id = next(self._request_ids)
-            ids = step_ids[positions].tolist()
-            message = training_pb2.LearnerMessage(
-                activation_request=training_pb2.ActivationRequest(request_id=request_id, steps=pack_step_ids(ids))
+            steps = pack_step_ids(step_ids[positions].tolist())
+            requests[prefix] = training_pb2.LearnerMessage(
+                activation_request=training_pb2.ActivationRequest(request_id=request_id, steps=steps)
             )
-            reply = self._call(prefix, message, request_id, wait=True)
+        replies = self._call(requests, wait=True)
+        for prefix, positions in by_prefix.items():
+            ids, reply = step_ids[positions].tolist(), replies[prefix]
             if reply is None:
                 self.metrics.unknown_step_ids.labels(request="no-edge").inc(len(ids))
                 continue
@@ -208,18 +220,22 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             activations[answered] = rows.float()
             present[answered] = True
             if len(answered):
-                ticket.parts.append((prefix, request_id, answered))
+                ticket.parts.append((prefix, requests[prefix].activation_request.request_id, answered))
         return activations, present, ticket
 
     def return_gradients(self, ticket: Ticket, gradients: torch.Tensor) -> None:
         """Split: send d(loss)/d(activations) [n, width] for the ticket's rows down; wait until applied."""
-        for prefix, request_id, positions in ticket.parts:
-            message = training_pb2.LearnerMessage(
-                gradients=training_pb2.EncoderGradients(
-                    request_id=request_id, gradients=wire.encode_float(gradients[positions], self.gradient_codec)
+        self._call(
+            {
+                prefix: training_pb2.LearnerMessage(
+                    gradients=training_pb2.EncoderGradients(
+                        request_id=request_id, gradients=wire.encode_float(gradients[positions], self.gradient_codec)
+                    )
                 )
-            )
-            self._call(prefix, message, request_id, wait=True)
+                for prefix, request_id, positions in ticket.parts
+            },
+            wait=True,
+        )
 
     def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
         """Split-accumulate: send gradients of stored activations down without waiting for the edge.
@@ -227,6 +243,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         Rows more than `max_encoder_lag` encoder versions behind their edge are dropped (and counted):
         their gradient was taken at an activation the edge's encoder no longer produces.
         """
+        pushes = {}
         for prefix, positions in self._by_prefix(step_ids).items():
             edge = self._edges.get(prefix)
             if edge is None:
@@ -240,15 +257,14 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 self.metrics.stale_activations_dropped.inc(len(positions) - len(fresh))
             if len(fresh) == 0:
                 continue
-            request_id = next(self._request_ids)
-            message = training_pb2.LearnerMessage(
+            pushes[prefix] = training_pb2.LearnerMessage(
                 gradients=training_pb2.EncoderGradients(
-                    request_id=request_id,
+                    request_id=next(self._request_ids),
                     steps=pack_step_ids(step_ids[fresh].tolist()),
                     gradients=wire.encode_float(gradients[fresh], self.gradient_codec),
                 )
             )
-            self._call(prefix, message, request_id, wait=False)
+        self._call(pushes, wait=False)
 
     def _by_prefix(self, step_ids: torch.Tensor) -> dict[int, torch.Tensor]:
         """Positions of `step_ids` per issuing edge's prefix, in ascending id order (so they pack small)."""
@@ -260,18 +276,37 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         return by_prefix
 
     def _call(
-        self, prefix: int, message: training_pb2.LearnerMessage, request_id: int, *, wait: bool
-    ) -> training_pb2.EdgeMessage | None:
-        """Run `_send` on the event loop from the trainer's thread; None when the edge is gone."""
-        if self._loop is None or self._closed:
-            return None  # no edge has ever connected, or the learner is stopping
-        future = asyncio.run_coroutine_threadsafe(self._send(prefix, message, request_id, wait), self._loop)
+        self, messages: dict[int, training_pb2.LearnerMessage], *, wait: bool
+    ) -> dict[int, training_pb2.EdgeMessage | None]:
+        """Send each edge (by prefix) its message, all at once, from the trainer's thread; with `wait`, return
+        each edge's answer. One deadline for them all, EDGE_REPLY_TIMEOUT_S: however many edges are slow, a
+        call waits that long at most (data-parallel ranks wait in a collective meanwhile). An edge that is
+        gone or did not answer in time maps to None."""
+        unanswered: dict[int, training_pb2.EdgeMessage | None] = dict.fromkeys(messages)
+        if not messages or self._loop is None or self._closed:
+            return unanswered  # nothing to send, no edge has ever connected, or the learner is stopping
+        future = asyncio.run_coroutine_threadsafe(self._send_all(messages, wait), self._loop)
         try:
-            return future.result(EDGE_REPLY_TIMEOUT_S)
-        except (ConnectionError, FutureTimeout) as error:
+            return future.result(EDGE_REPLY_TIMEOUT_S + LOOP_SLACK_S)
+        except FutureTimeout:  # the event loop itself is stuck or gone
             future.cancel()
-            log.warning("training request %d to edge prefix %d failed: %s", request_id, prefix, error)
-            return None
+            log.warning("training requests to edge prefixes %s got no answer from the event loop", sorted(messages))
+            return unanswered
+
+    async def _send_all(
+        self, messages: dict[int, training_pb2.LearnerMessage], wait: bool
+    ) -> dict[int, training_pb2.EdgeMessage | None]:
+        async def send(prefix: int, message: training_pb2.LearnerMessage) -> training_pb2.EdgeMessage | None:
+            request_id = request_id_of(message)
+            try:
+                return await asyncio.wait_for(self._send(prefix, message, request_id, wait), EDGE_REPLY_TIMEOUT_S)
+            except (ConnectionError, TimeoutError) as error:
+                reason = error or f"no answer in {EDGE_REPLY_TIMEOUT_S:g} s"
+                log.warning("training request %d to edge prefix %d failed: %s", request_id, prefix, reason)
+                return None
+
+        answers = await asyncio.gather(*(send(prefix, message) for prefix, message in messages.items()))
+        return dict(zip(messages, answers, strict=True))
 
     @property
     def edge_count(self) -> int:

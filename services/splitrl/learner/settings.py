@@ -124,7 +124,8 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
         120.0,
         gt=0,
         description="Data-parallel learners: longest wait (s) for every rank to join, or for one step. In split "
-        f"modes a step may wait on an edge's answer ({EDGE_REPLY_TIMEOUT_S:g} s at most), so it must be longer.",
+        f"modes a step may wait on the edges' answers ({EDGE_REPLY_TIMEOUT_S:g} s at most), so it must be at least "
+        "twice that.",
     )
 
     @field_validator("rendezvous_endpoint")
@@ -143,9 +144,10 @@ class LearnerSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, P
             raise ValueError(
                 f"chunks_per_update={self.chunks_per_update} must divide among world_size={self.world_size} ranks"
             )
-        if self.mode != "cloud" and self.world_size > 1 and self.rendezvous_timeout_s <= EDGE_REPLY_TIMEOUT_S:
+        if self.mode != "cloud" and self.world_size > 1 and self.rendezvous_timeout_s < 2 * EDGE_REPLY_TIMEOUT_S:
             raise ValueError(
-                f"rendezvous_timeout_s={self.rendezvous_timeout_s:g} must exceed the {EDGE_REPLY_TIMEOUT_S:g} s "
-                f"a {self.mode} step may wait on an edge while the other ranks wait in a collective"
+                f"rendezvous_timeout_s={self.rendezvous_timeout_s:g} must be at least twice the "
+                f"{EDGE_REPLY_TIMEOUT_S:g} s a {self.mode} step may wait on the edges while the other ranks wait "
+                "in a collective"
             )
         return self
