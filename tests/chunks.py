@@ -1,10 +1,13 @@
-"""The smallest well-formed trajectory chunk, for tests that store chunks rather than train on them."""
+"""Trajectory data for tests: the smallest well-formed chunk (to store), and a batch of chunks (to train on)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 
 from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.learner.trainer import Batch
 from splitrl.v1 import replay_pb2
 
 
@@ -23,3 +26,24 @@ def tiny_chunk(steps: int = 2, *, marker: int = 0, features: int = 4) -> replay_
         step_ids=torch.arange(steps + 1),
         encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
     ).to_proto()
+
+
+def training_batch(inputs: torch.Tensor, *, seed: int = 0, first_step_id: int = 0, actions: int = 3) -> Batch:
+    """A Batch of B chunks of T steps over `inputs` [B, T+1, ...]: actions (of `actions` discrete ones) and
+    standard-normal rewards drawn from `seed`, behaviour log-probs of the uniform policy, no episode end, policy
+    and encoder version 0, step ids first_step_id, first_step_id + 1, ... in chunk order."""
+    chunks, horizon = inputs.shape[0], inputs.shape[1] - 1
+    generator = torch.Generator().manual_seed(seed)
+    shape = (chunks, horizon)
+    return Batch(
+        inputs=inputs,
+        actions=torch.randint(0, actions, shape, generator=generator),
+        behaviour_log_probs=torch.full(shape, -math.log(actions)),
+        values=torch.zeros(chunks, horizon + 1),
+        rewards=torch.randn(shape, generator=generator),
+        dones=torch.zeros(shape, dtype=torch.bool),
+        policy_versions=torch.zeros(shape, dtype=torch.long),
+        step_ids=first_step_id + torch.arange(chunks * (horizon + 1)).reshape(chunks, horizon + 1),
+        encoder_versions=torch.zeros(chunks, horizon + 1, dtype=torch.long),
+        weights=torch.ones(chunks),
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,16 +20,11 @@ import pytest
 
 from splitrl.core import certs
 from tests.deploy.conftest import REPO, load_script, missing, tool
+from tests.ports import free_port
 
 DASHBOARDS = load_script("deploy/grafana/check-dashboards.py")
 #: Services that hold a certificate of their own (replicas serve under their service's).
 SERVICES_WITH_CERTS = ["replay", "inference", "learner", "edge-encoder", "environment"]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Stack:

@@ -34,7 +34,6 @@ what was measured).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -42,6 +41,7 @@ import pytest
 
 from splitrl.core import scrape
 from splitrl.run.summary import mean_return_between
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -91,9 +91,7 @@ def test_mode_learns_catch(tmp_path, name):
 def test_split_accumulate_learns_with_two_learner_ranks_and_two_inference_replicas(tmp_path):
     """The ranks hand their encoder gradients to rank 0, which sends each minibatch's to the edge at once: the
     edge steps once per minibatch (16 per update here), both ranks end with the same weights, and it learns."""
-    with socket.socket() as probe:  # a free rendezvous port, so parallel runs never meet
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # the rendezvous's, so parallel runs never meet
     steps, run_dir = 100_000, tmp_path / "scaled"
     command = [sys.executable, "-m", "splitrl.cli.main", "up", "--mode", "split-accumulate", "--width", "256"]
     command += ["--learners", "2", "--learner-rendezvous-port", str(port), "--inference-replicas", "2"]

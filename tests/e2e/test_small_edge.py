@@ -5,7 +5,6 @@ chunks, does without it too, so it restarts without torch's import."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,17 +12,13 @@ from pathlib import Path
 
 import pytest
 
-
-def unused_port() -> int:
-    """A loopback port nothing listens on (the environment dials it and backs off, bounded by the test)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.ports import free_port
 
 
 def _flags(service: str) -> list[str]:
     if service == "environment":
-        return ["--env", "CarRacing-v3", "--num-envs", "2", "--encoder-address", f"127.0.0.1:{unused_port()}"]
+        # Nothing listens at the encoder address: the environment dials it and backs off, bounded by the test.
+        return ["--env", "CarRacing-v3", "--num-envs", "2", "--encoder-address", f"127.0.0.1:{free_port()}"]
     return []
 
 

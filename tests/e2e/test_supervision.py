@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from splitrl.core import scrape
+from tests.ports import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -139,9 +139,7 @@ def test_a_killed_data_parallel_learner_rank_restarts_the_group_from_rank_0s_che
     restarted, rank 0 resumes from its checkpoint and rank 1 takes its state (as torch elastic restarts a job),
     and the run reaches its steps with both ranks' final weights identical."""
     run_dir = tmp_path / "run"
-    with socket.socket() as probe:  # a free port for the rendezvous, so parallel runs never meet
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # the rendezvous's, so parallel runs never meet
     steps = 3 * STEPS  # rank 0 checkpoints every 10 updates: kill after one, with time left to go on
     extra = ("--learners", "2", "--learner-rendezvous-port", str(port))
     up = start_up(run_dir, "--mode", "cloud", "--steps", str(steps), *extra)

@@ -6,17 +6,16 @@ are what one learner gets from the mean gradient of both batches, not what eithe
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer
+from tests.chunks import training_batch
+from tests.integration.ranks import run_ranks
 
 CHUNKS, HORIZON = 2, 8
 SPEC = ActionSpec("discrete", 3)
@@ -26,19 +25,8 @@ SETTINGS = {"mode": "cloud", "epochs": 2, "minibatches": 2, "chunks_per_update":
 
 def batch(seed: int) -> Batch:
     generator = torch.Generator().manual_seed(seed)
-    shape = (CHUNKS, HORIZON)
-    return Batch(
-        inputs=torch.randint(0, 256, (CHUNKS, HORIZON + 1, 2, 36, 36), dtype=torch.uint8, generator=generator),
-        actions=torch.randint(0, 3, shape, generator=generator),
-        behaviour_log_probs=torch.full(shape, -1.0986),
-        values=torch.zeros(CHUNKS, HORIZON + 1),
-        rewards=torch.randn(shape, generator=generator),
-        dones=torch.zeros(shape, dtype=torch.bool),
-        policy_versions=torch.zeros(shape, dtype=torch.long),
-        step_ids=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
-        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
-        weights=torch.ones(CHUNKS),
-    )
+    frames = torch.randint(0, 256, (CHUNKS, HORIZON + 1, 2, 36, 36), dtype=torch.uint8, generator=generator)
+    return training_batch(frames, seed=seed)
 
 
 def trainer(world_size: int, rank: int = 0) -> Trainer:
@@ -47,41 +35,25 @@ def trainer(world_size: int, rank: int = 0) -> Trainer:
     return Trainer(cloud_network("cloud", MODEL, SPEC), settings)
 
 
-def rank_main(rank: int, port: int, results: mp.Queue) -> None:
-    torch.set_num_threads(1)
+def rank_main(rank: int, endpoint: str) -> tuple[int, list[float], dict[str, torch.Tensor]]:
     learner = trainer(2, rank)
     if rank == 0:  # rank 0 resumed from somewhere else: the group must take its weights and version
         with torch.no_grad():
             next(learner.network.parameters()).add_(1.0)
-    parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=60)
+    parallel = DataParallel(rank, 2, endpoint, timeout_s=60)
     version = parallel.sync_state(learner.network, learner.optimizer, 7 if rank == 0 else 0)
     learner.parallel = parallel
     checksums = [weights_checksum(learner.network)]
     for update in range(2):
         learner.update(batch(seed=100 * update + rank))  # each rank its own chunks
         checksums.append(weights_checksum(learner.network))
-    results.put((rank, version, checksums, {k: v.clone() for k, v in learner.network.state_dict().items()}))
     parallel.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return version, checksums, learner.network.state_dict()
 
 
 @pytest.mark.timeout(180)
 def test_two_ranks_hold_identical_weights_after_every_update_and_train_on_the_mean_gradient():
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [context.Process(target=rank_main, args=(rank, port, results)) for rank in range(2)]
-    for process in processes:
-        process.start()
-    got = dict((rank, rest) for rank, *rest in (results.get(timeout=150) for _ in processes))
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
+    got = run_ranks(rank_main)
     (version_0, sums_0, state_0), (version_1, sums_1, state_1) = got[0], got[1]
     assert version_0 == version_1 == 7  # rank 0's version, taken by rank 1
     assert sums_0 == sums_1  # identical from the sync on, after each of the two updates

@@ -10,14 +10,11 @@ activations of its own ids; and the ranks' weights stay identical.
 from __future__ import annotations
 
 import asyncio
-import pickle
-import socket
 import time
 from typing import Any
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from prometheus_client import CollectorRegistry
 
 from splitrl.core.metrics import Metrics
@@ -28,6 +25,8 @@ from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer
+from tests.chunks import training_batch
+from tests.integration.ranks import run_ranks
 
 CHUNKS, HORIZON, WIDTH = 2, 8, 16
 SPEC = ActionSpec("discrete", 3)
@@ -39,19 +38,8 @@ FORGOTTEN = 5
 
 def batch(rank: int) -> Batch:
     """Rank r's chunks: step ids 1000 r + i, inputs (activations stored at rollout) all 0."""
-    generator = torch.Generator().manual_seed(rank)
-    shape = (CHUNKS, HORIZON)
-    return Batch(
-        inputs=torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16),
-        actions=torch.randint(0, 3, shape, generator=generator),
-        behaviour_log_probs=torch.full(shape, -1.0986),
-        values=torch.zeros(CHUNKS, HORIZON + 1),
-        rewards=torch.randn(shape, generator=generator),
-        dones=torch.zeros(shape, dtype=torch.bool),
-        policy_versions=torch.zeros(shape, dtype=torch.long),
-        step_ids=1000 * rank + torch.arange(CHUNKS * (HORIZON + 1)).reshape(CHUNKS, HORIZON + 1),
-        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
-        weights=torch.ones(CHUNKS),
+    return training_batch(
+        torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16), seed=rank, first_step_id=1000 * rank
     )
 
 
@@ -107,8 +95,7 @@ class RecordingRelay(EdgeRelay):
         super().push_gradients(step_ids, encoder_versions, gradients)
 
 
-def rank_main(mode: str, fraction: float, rank: int, port: int, results: mp.Queue) -> None:
-    torch.set_num_threads(1)
+def rank_main(rank: int, endpoint: str, mode: str, fraction: float) -> tuple[Any, ...]:
     torch.manual_seed(0)
     settings = LearnerSettings(
         mode=mode,
@@ -120,37 +107,19 @@ def rank_main(mode: str, fraction: float, rank: int, port: int, results: mp.Queu
         rank=rank,
         encoder_fraction=fraction,
     )
-    parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=60)
+    parallel = DataParallel(rank, 2, endpoint, timeout_s=60)
     edges = RecordingEdges() if rank == 0 else None
     relay = RecordingRelay(parallel, edges)
     learner = Trainer(cloud_network(mode, MODEL, SPEC), settings, relay, parallel)
     parallel.sync_state(learner.network, learner.optimizer, 0)
     stats = learner.update(batch(rank))
     messages = [] if edges is None else edges.messages
-    # Pickled here: a queue would share the tensors' memory with a process that is about to exit.
-    record = (rank, stats.optimizer_steps, weights_checksum(learner.network), relay.handed, relay.fetched, messages)
-    results.put(pickle.dumps(record))
     parallel.close()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return stats.optimizer_steps, weights_checksum(learner.network), relay.handed, relay.fetched, messages
 
 
 def run_two_ranks(mode: str, fraction: float = 1.0) -> dict[int, tuple[Any, ...]]:
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [context.Process(target=rank_main, args=(mode, fraction, rank, port, results)) for rank in range(2)]
-    for process in processes:
-        process.start()
-    got = {rank: rest for rank, *rest in (pickle.loads(results.get(timeout=150)) for _ in processes)}
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
-    return got
+    return run_ranks(rank_main, mode, fraction)
 
 
 @pytest.mark.timeout(180)
@@ -225,32 +194,24 @@ class LateEdge:
         return int(time.monotonic() >= self.arrival)
 
 
-def waiting_rank_main(rank: int, port: int, results: mp.Queue) -> None:
+def waiting_rank_main(rank: int, endpoint: str) -> float:
     learner_service.EDGE_WAIT_LOG_S = 0.5  # rank 0 reports to the group every 0.5 s, well inside its timeout
     settings = LearnerSettings(mode="split-accumulate", tls="plaintext", world_size=2, rank=rank, chunks_per_update=2)
     service = learner_service.LearnerService(settings, Metrics(CollectorRegistry()))
-    service.parallel = DataParallel(rank, 2, f"127.0.0.1:{port}", timeout_s=GROUP_TIMEOUT_S)
+    service.parallel = DataParallel(rank, 2, endpoint, timeout_s=GROUP_TIMEOUT_S)
     if rank == 0:
         service.edges = LateEdge()  # type: ignore[assignment]
     started = time.monotonic()
     asyncio.run(service._wait_for_an_edge())
-    results.put((rank, time.monotonic() - started))
+    waited = time.monotonic() - started
     service.parallel.close()
+    return waited
 
 
 @pytest.mark.timeout(120)
 def test_ranks_wait_for_rank_0s_first_edge_together_past_the_group_timeout():
     """Only rank 0 sees edges; the others wait with it, a broadcast at a time, so none fails in a collective
     while no edge has dialled in for longer than the group's timeout, and all start training together."""
-    context = mp.get_context("spawn")
-    results = context.Queue()
-    port = free_port()
-    processes = [context.Process(target=waiting_rank_main, args=(rank, port, results)) for rank in range(2)]
-    for process in processes:
-        process.start()
-    waited = dict(results.get(timeout=90) for _ in processes)
-    for process in processes:
-        process.join(30)
-        assert process.exitcode == 0
+    waited = run_ranks(waiting_rank_main, timeout_s=90)
     assert waited[0] >= EDGE_ARRIVES_S - 1 > 2 * GROUP_TIMEOUT_S
     assert abs(waited[1] - waited[0]) < GROUP_TIMEOUT_S  # rank 1 left the wait when rank 0 did

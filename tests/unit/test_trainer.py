@@ -9,6 +9,7 @@ from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
+from tests.chunks import training_batch
 
 CHUNKS, HORIZON, WIDTH = 4, 8, 16
 SPEC = ActionSpec("discrete", 3)
@@ -16,20 +17,7 @@ MODEL = ModelConfig(2, 36, WIDTH, "relu")
 
 
 def batch(inputs: torch.Tensor) -> Batch:
-    generator = torch.Generator().manual_seed(0)
-    shape = (CHUNKS, HORIZON)
-    return Batch(
-        inputs=inputs,
-        actions=torch.randint(0, 3, shape, generator=generator),
-        behaviour_log_probs=torch.full(shape, -1.0986),
-        values=torch.zeros(CHUNKS, HORIZON + 1),
-        rewards=torch.randn(shape, generator=generator),
-        dones=torch.zeros(shape, dtype=torch.bool),
-        policy_versions=torch.zeros(shape, dtype=torch.long),
-        step_ids=torch.arange(CHUNKS * (HORIZON + 1)).reshape(CHUNKS, HORIZON + 1),
-        encoder_versions=torch.zeros(CHUNKS, HORIZON + 1, dtype=torch.long),
-        weights=torch.ones(CHUNKS),
-    )
+    return training_batch(inputs)
 
 
 def frames() -> torch.Tensor:
