@@ -13,8 +13,9 @@ Invariant: per minibatch each edge receives at most one EncoderGradients, holdin
 its step ids, so the edge's encoder takes one optimizer step per minibatch whatever M is. The trainer scales
 its rows by 1/(ranks that trained) (`DataParallel.average_gradients`), so they are the gradient of the group's
 loss, the mean of those ranks' losses, as the head's averaged gradient is. That is one learner's gradient for
-the union minibatch up to advantage normalization, which each rank does over its own rows. WAN bytes are one
-learner's for the union minibatch.
+the union minibatch up to advantage normalization, which each rank does over its own rows, and (split) up to
+the weight of a rank whose edges lost more of its rows than another's. WAN bytes are one learner's for the
+union minibatch.
 
 Every rank must call each method once per minibatch that trains the encoder, in the same order (each is a
 collective); a rank with no row passes empty tensors.
