@@ -7,6 +7,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from splitrl.core import wire
+from splitrl.core.framestack import FrameRow, FrameStacker
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -29,6 +30,11 @@ def stacks(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 256, (n, 4, 36, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
 
 
+def as_rows(stacked: torch.Tensor) -> list[FrameRow]:
+    """Stacks [n, depth, H, W] as the store takes them: rows of frames (here none shared)."""
+    return [tuple(stack.unbind()) for stack in stacked]
+
+
 def make_trainer(capacity: int = 100) -> tuple[EncoderTrainer, Metrics]:
     torch.manual_seed(0)
     metrics = Metrics(CollectorRegistry())
@@ -41,12 +47,35 @@ def make_trainer(capacity: int = 100) -> tuple[EncoderTrainer, Metrics]:
 def test_store_keeps_the_newest_ids_and_reports_the_rest_missing():
     store = ObservationStore(capacity=3)
     data = stacks(5)
-    store.put([10, 11, 12, 13, 14], data)
+    store.put([10, 11, 12, 13, 14], as_rows(data))
     assert len(store) == 3
     found, held = store.get([10, 12, 14, 99])
     assert found == [1, 2]
     assert held is not None and torch.equal(held, data[[2, 4]])
     assert store.get([10, 11]) == ([], None)
+
+
+def test_store_gives_back_the_stackers_stacks_and_holds_each_frame_once():
+    """Across episode restarts and eviction, every held step comes back as the stack the stacker returned for
+    it; consecutive steps share frames, so the store holds one frame per step, not `depth`."""
+    envs, steps, capacity = 3, 40, 60
+    stacker, store = FrameStacker(envs, 4, 36, 36), ObservationStore(capacity)
+    generator = torch.Generator().manual_seed(0)
+    returned = {}
+    for step in range(steps):
+        frames = torch.randint(0, 256, (envs, 36, 36), dtype=torch.uint8, generator=generator)
+        starts = torch.rand(envs, generator=generator) < 0.1 if step else torch.ones(envs, dtype=torch.bool)
+        stacked = stacker.push(frames, starts)
+        ids = [envs * step + env for env in range(envs)]
+        store.put(ids, stacker.rows)
+        returned.update(zip(ids, stacked, strict=True))
+    asked = list(returned)
+    found, held = store.get(asked)
+    assert found == list(range(envs * steps - capacity, envs * steps)) and held is not None
+    assert all(torch.equal(stack, returned[asked[i]]) for i, stack in zip(found, held, strict=True))
+    frame_bytes = 36 * 36
+    # One [envs, 36, 36] copy per step pushed, for the steps held and the up to 3 before them they share.
+    assert store.frame_bytes() <= (capacity + 3 * envs) * frame_bytes < capacity * 4 * frame_bytes / 3
 
 
 def test_store_rejects_a_bad_capacity_with_the_value():
@@ -77,7 +106,7 @@ def test_step_ids_pack_as_deltas_in_any_order_and_ascending_ids_cost_a_byte_each
 
 def test_split_gradients_train_the_encoder_through_the_kept_graph():
     trainer, metrics = make_trainer()
-    trainer.store.put([1, 2, 3], stacks(3))
+    trainer.store.put([1, 2, 3], as_rows(stacks(3)))
     before = [p.detach().clone() for p in trainer.encoder.parameters()]
     answer = trainer.activations(training_pb2.ActivationRequest(request_id=7, steps=pack_step_ids([1, 3, 42])))
     assert list(answer.missing_step_ids) == [42]
@@ -103,7 +132,7 @@ def test_gradients_for_an_unknown_request_are_counted_not_applied():
 
 def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps():
     trainer, metrics = make_trainer(capacity=2)
-    trainer.store.put([1, 2, 3], stacks(3))  # 1 is evicted
+    trainer.store.put([1, 2, 3], as_rows(stacks(3)))  # 1 is evicted
     message = training_pb2.EncoderGradients(
         request_id=5,
         steps=pack_step_ids([3, 1, 2]),
@@ -154,7 +183,7 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
 )
 def test_malformed_gradients_are_refused_with_a_reason(message, error):
     trainer, _ = make_trainer()
-    trainer.store.put([1, 2], stacks(2))
+    trainer.store.put([1, 2], as_rows(stacks(2)))
     with pytest.raises((BadRequest, wire.WireError), match=error):
         trainer.apply(message)
     assert trainer.version == 0
@@ -172,7 +201,7 @@ def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
         checkpoint_path=path,
         checkpoint_every=2,
     )
-    trainer.store.put([1, 2], stacks(2))
+    trainer.store.put([1, 2], as_rows(stacks(2)))
     for step in range(3):
         message = training_pb2.EncoderGradients(
             request_id=step,

@@ -33,7 +33,7 @@ import torch
 
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
-from splitrl.core.framestack import FrameStacker
+from splitrl.core.framestack import FrameRow, FrameStacker
 from splitrl.core.lockstep import LockstepStream
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
@@ -230,8 +230,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
             else:
                 loop = asyncio.get_running_loop()
+                rows = list(stream.stacker.rows)  # as of this step: the stacker moves on
                 observations, encoder_version = await loop.run_in_executor(
-                    self._compute, self._encode, step_ids, stacks
+                    self._compute, self._encode, step_ids, stacks, rows
                 )
         request = rollout_pb2.ActRequest(
             sequence=step.sequence,
@@ -244,9 +245,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         )
         return request, frames
 
-    def _encode(self, step_ids: list[int], stacks: torch.Tensor) -> tuple[wire.Tensor, int]:
-        """On the compute thread: remember the stacks for training, return (encoded activations, encoder version)."""
-        self.store.put(step_ids, stacks)
+    def _encode(self, step_ids: list[int], stacks: torch.Tensor, rows: list[FrameRow]) -> tuple[wire.Tensor, int]:
+        """On the compute thread: remember the stacks (as `rows` of shared frames) for training, return (encoded
+        activations, encoder version)."""
+        self.store.put(step_ids, rows)
         self.metrics.observation_store_size.set(len(self.store))
         with torch.no_grad():
             activations = self.encoder(stacks)

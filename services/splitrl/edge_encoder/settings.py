@@ -43,7 +43,8 @@ class EdgeEncoderSettings(
     observation_store_size: int = Field(
         16384,
         ge=1,
-        description="Steps whose frame stacks the edge keeps for training, by step id (36,864 B each at 4x96x96).",
+        description="Steps whose frame stacks the edge keeps for training, by step id (about one frame each, "
+        "9,216 B at 96x96: consecutive stacks share frames).",
     )
     checkpoint_dir: Path | None = Field(
         None,

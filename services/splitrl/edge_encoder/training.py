@@ -25,6 +25,7 @@ from torch import nn
 
 from splitrl.core import checkpoint, wire
 from splitrl.core.config import FloatCodec
+from splitrl.core.framestack import FrameRow, stack_rows
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -41,32 +42,45 @@ MAX_PENDING_GRAPHS = 4
 class ObservationStore:
     """The frame stacks of the newest `capacity` steps, by step id.
 
-    Invariants: len(store) <= capacity; inserting beyond capacity evicts the oldest id.
-    Stacks are uint8 [frame_stack, S, S]; 36,864 bytes each at 4 x 96 x 96.
+    Invariants: len(store) <= capacity; inserting beyond capacity evicts the oldest id. Stacks are kept as
+    rows of frames shared with the FrameStacker (core.framestack), so consecutive steps of one env share all
+    but one frame: a full store holds about `capacity` frames (9,216 B each at 96 x 96), not `capacity`
+    stacks (36,864 B each at 4 x 96 x 96).
     """
 
     def __init__(self, capacity: int) -> None:
         if capacity < 1:
             raise ValueError(f"ObservationStore capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._stacks: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self._rows: OrderedDict[int, FrameRow] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._stacks)
+        return len(self._rows)
 
-    def put(self, step_ids: Sequence[int], stacks: torch.Tensor) -> None:
-        """Remember stacks [N, frame_stack, S, S] under their N step ids."""
-        for step_id, stack in zip(step_ids, stacks, strict=True):
-            self._stacks[step_id] = stack
-        while len(self._stacks) > self.capacity:
-            self._stacks.popitem(last=False)
+    def put(self, step_ids: Sequence[int], rows: Sequence[FrameRow]) -> None:
+        """Remember each step's stack, given as its row of frames (FrameStacker.rows), under its step id."""
+        for step_id, row in zip(step_ids, rows, strict=True):
+            self._rows[step_id] = row
+        while len(self._rows) > self.capacity:
+            self._rows.popitem(last=False)
+
+    def frame_bytes(self) -> int:
+        """Bytes of frame storage the store holds, each shared storage counted once (walks every step: for
+        tests and benchmarks, not the hot path)."""
+        storages = {
+            frame.untyped_storage().data_ptr(): frame.untyped_storage().nbytes()
+            for row in self._rows.values()
+            for frame in row
+        }
+        return sum(storages.values())
 
     def get(self, step_ids: Sequence[int]) -> tuple[list[int], torch.Tensor | None]:
-        """(positions in `step_ids` the store holds, their stacks stacked) — None when it holds none."""
-        found = [i for i, step_id in enumerate(step_ids) if step_id in self._stacks]
+        """(positions in `step_ids` the store holds, their stacks uint8 [n, depth, H, W]) — None when it holds
+        none."""
+        found = [i for i, step_id in enumerate(step_ids) if step_id in self._rows]
         if not found:
             return found, None
-        return found, torch.stack([self._stacks[step_ids[i]] for i in found])
+        return found, stack_rows([self._rows[step_ids[i]] for i in found])
 
 
 class EncoderTrainer:

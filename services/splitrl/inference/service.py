@@ -209,7 +209,7 @@ class _EdgeStream:
         if self.stream_kind in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
-            return self.stacker.push(observations, starts).clone()
+            return self.stacker.push(observations, starts)
         if self.stream_kind == "stack-bf16":
             return observations.clamp(0, 255).round().to(torch.uint8)
         return observations

@@ -1,0 +1,85 @@
+"""Benchmark (not a test): memory of the edge's observation store (split modes) when full.
+
+    python benchmarks/observation_store.py --envs 8 --capacity 16384 --frame-size 96
+
+The edge-encoder keeps the frame stack of every step it encoded (`--observation-store-size` steps, 16,384 by
+default) so the learner can ask for fresh activations or send gradients by step id. Two layouts, each filled
+in a fresh process (so RSS growth is its own) with frames pushed through the real FrameStacker, 0.1% of rows
+starting an episode per step:
+
+  stacks  every step's stack kept whole (depth frames per step: how the store worked until 2026-11-25)
+  shared  the store as it is: rows of frames shared with the stacker (one frame per step)
+
+Reported: bytes of frame storage the store holds (each storage counted once), and the process's RSS growth
+before and after glibc's malloc_trim (freed per-step buffers that glibc keeps count in RSS until trimmed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import subprocess
+import sys
+
+import torch
+
+from splitrl.core.framestack import FrameRow, FrameStacker
+from splitrl.edge_encoder.training import ObservationStore
+
+LAYOUTS = ("stacks", "shared")
+
+
+def rss_mib() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def fill(layout: str, envs: int, capacity: int, frame_size: int) -> str:
+    """Fill a store of `capacity` steps in `layout`; one line of figures."""
+    torch.set_num_threads(1)
+    stacker, store = FrameStacker(envs, 4, frame_size, frame_size), ObservationStore(capacity)
+    generator = torch.Generator().manual_seed(0)
+    before = rss_mib()
+    for step in range(capacity // envs + 4):
+        frames = torch.randint(0, 256, (envs, frame_size, frame_size), dtype=torch.uint8, generator=generator)
+        starts = torch.rand(envs, generator=generator) < 0.001 if step else torch.ones(envs, dtype=torch.bool)
+        stacked = stacker.push(frames, starts)
+        rows: list[FrameRow] = list(stacker.rows) if layout == "shared" else [tuple(s.unbind()) for s in stacked]
+        store.put(range(step * envs, (step + 1) * envs), rows)
+    grown = rss_mib() - before
+    held = store.frame_bytes()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    trimmed = rss_mib() - before
+    figures = [
+        f"{len(store):,}",
+        f"{held / 2**20:,.0f}",
+        f"{held / len(store):,.0f}",
+        f"{grown:,.0f}",
+        f"{trimmed:,.0f}",
+    ]
+    return f"| {layout} | {' | '.join(figures)} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", type=int, default=8, help="envs per stream (rows per step)")
+    parser.add_argument("--capacity", type=int, default=16384, help="store size in steps (the edge's default)")
+    parser.add_argument("--frame-size", type=int, default=96, help="frame side in pixels (CarRacing: 96)")
+    parser.add_argument("--layout", choices=LAYOUTS, help=argparse.SUPPRESS)  # one layout, in a child process
+    args = parser.parse_args()
+    if args.layout:
+        print(fill(args.layout, args.envs, args.capacity, args.frame_size))
+        return
+    print("| layout | steps held | frame storage MiB | bytes per step | RSS growth MiB | after malloc_trim MiB |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for layout in LAYOUTS:
+        flags = ["--envs", str(args.envs), "--capacity", str(args.capacity), "--frame-size", str(args.frame_size)]
+        child = [sys.executable, __file__, "--layout", layout, *flags]
+        print(subprocess.run(child, check=True, capture_output=True, text=True).stdout.strip())
+
+
+if __name__ == "__main__":
+    main()
