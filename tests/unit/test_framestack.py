@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitrl.core.framestack import FrameStacker
+from splitrl.core.framestack import FrameStacker, stack_rows
 
 N, DEPTH, H, W = 3, 4, 2, 5
 
@@ -68,6 +68,33 @@ def test_returned_stacks_are_not_changed_by_a_later_push():
     stacker.push(frames(7, 8, 9), flags(True, False, False))
     assert torch.equal(returned, snapshot)
     assert not torch.equal(first, snapshot)
+
+
+def test_frames_changed_after_the_push_change_no_stack():
+    stacker = FrameStacker(N, DEPTH, H, W)
+    pushed = frames(1, 2, 3)
+    returned = stacker.push(pushed, flags(True, True, True))
+    rows = list(stacker.rows)
+    pushed.fill_(99)
+    assert stack_values(returned) == [[1] * DEPTH, [2] * DEPTH, [3] * DEPTH]
+    assert torch.equal(stack_rows(rows), returned)
+
+
+def test_every_frame_is_held_once_and_shared_by_the_stacks_it_belongs_to():
+    stacker = FrameStacker(N, DEPTH, H, W)
+    stacker.push(frames(1, 2, 3), flags(True, True, True))
+    before = list(stacker.rows)
+    stacker.push(frames(4, 5, 6), flags(False, True, False))
+    assert all(new[:-1] == old[1:] for new, old in zip(stacker.rows[::2], before[::2], strict=True))  # same objects
+    assert len({id(frame) for frame in stacker.rows[1]}) == 1  # a restart repeats one frame, not DEPTH copies
+
+
+def test_frames_of_another_dtype_or_a_misshapen_episode_start_are_rejected():
+    stacker = FrameStacker(N, DEPTH, H, W)
+    with pytest.raises(ValueError, match=r"must be uint8, got torch\.float32"):
+        stacker.push(frames(1, 2, 3).float(), flags(True, True, True))
+    with pytest.raises(ValueError, match=r"episode_start must be bool \[3\], got shape \(3, 1\)"):
+        stacker.push(frames(1, 2, 3), flags(True, True, True)[:, None])
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,12 @@ class FrameStacker:
         if frames.shape != (len(self.rows), *self.frame_shape):
             shape = (len(self.rows), self.depth, *self.frame_shape)
             raise ValueError(f"frames of shape {tuple(frames.shape)} do not fit stacks {shape}")
+        if frames.dtype != torch.uint8:
+            raise ValueError(f"frames must be uint8, got {frames.dtype}")
+        if episode_start.shape != (len(self.rows),):
+            raise ValueError(f"episode_start must be bool [{len(self.rows)}], got shape {tuple(episode_start.shape)}")
         starts = episode_start.tolist()
-        # One copy for all rows: the caller may reuse `frames`, and a decoded message's buffer should not live on.
+        # One copy for all rows, which the stored stacks share: the caller may reuse or change `frames`.
         for env, frame in enumerate(frames.clone().unbind()):
             self.rows[env] = (frame,) * self.depth if starts[env] else (*self.rows[env][1:], frame)
         return stack_rows(self.rows)
