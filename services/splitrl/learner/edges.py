@@ -167,7 +167,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 future.set_result(message)
 
     async def _send(
-        self, prefix: int, message: training_pb2.LearnerMessage, request_id: int, wait: bool
+        self, prefix: int, message: training_pb2.LearnerMessage, wait: bool
     ) -> training_pb2.EdgeMessage | None:
         edge = self._edges.get(prefix)
         if edge is None:
@@ -175,7 +175,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         future: asyncio.Future[training_pb2.EdgeMessage] | None = None
         if wait:
             future = asyncio.get_running_loop().create_future()
-            edge.pending[request_id] = future
+            edge.pending[request_id_of(message)] = future
         putter = asyncio.create_task(edge.outgoing.put(message))
         gone = asyncio.create_task(edge.gone.wait())
         await asyncio.wait({putter, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -193,16 +193,18 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         present = torch.zeros(len(step_ids), dtype=torch.bool)
         ticket = Ticket([])
         by_prefix = self._by_prefix(step_ids)
-        requests = {}
-        for prefix, positions in by_prefix.items():
-            request_id = next(self._request_ids)
-            steps = pack_step_ids(step_ids[positions].tolist())
-            requests[prefix] = training_pb2.LearnerMessage(
-                activation_request=training_pb2.ActivationRequest(request_id=request_id, steps=steps)
+        ids_by_prefix = {prefix: step_ids[positions].tolist() for prefix, positions in by_prefix.items()}
+        requests = {
+            prefix: training_pb2.LearnerMessage(
+                activation_request=training_pb2.ActivationRequest(
+                    request_id=next(self._request_ids), steps=pack_step_ids(ids)
+                )
             )
+            for prefix, ids in ids_by_prefix.items()
+        }
         replies = self._call(requests, wait=True)
         for prefix, positions in by_prefix.items():
-            ids, reply = step_ids[positions].tolist(), replies[prefix]
+            ids, reply = ids_by_prefix[prefix], replies[prefix]
             if reply is None:
                 self.metrics.unknown_step_ids.labels(request="no-edge").inc(len(ids))
                 continue
@@ -220,7 +222,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             activations[answered] = rows.float()
             present[answered] = True
             if len(answered):
-                ticket.parts.append((prefix, requests[prefix].activation_request.request_id, answered))
+                ticket.parts.append((prefix, request_id_of(requests[prefix]), answered))
         return activations, present, ticket
 
     def return_gradients(self, ticket: Ticket, gradients: torch.Tensor) -> None:
@@ -299,7 +301,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         async def send(prefix: int, message: training_pb2.LearnerMessage) -> training_pb2.EdgeMessage | None:
             request_id = request_id_of(message)
             try:
-                return await asyncio.wait_for(self._send(prefix, message, request_id, wait), EDGE_REPLY_TIMEOUT_S)
+                return await asyncio.wait_for(self._send(prefix, message, wait), EDGE_REPLY_TIMEOUT_S)
             except (ConnectionError, TimeoutError) as error:
                 reason = error or f"no answer in {EDGE_REPLY_TIMEOUT_S:g} s"
                 log.warning("training request %d to edge prefix %d failed: %s", request_id, prefix, reason)
