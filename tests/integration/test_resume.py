@@ -47,8 +47,8 @@ async def test_restarted_learner_and_edge_resume_and_inference_picks_up_the_weig
         EdgeEncoderSettings(**TLS, env=FAST_ENV, mode="split", checkpoint_dir=edge_dir), Metrics(CollectorRegistry())
     )
     assert restarted_edge.trainer.version == edge.trainer.version
-    for name, value in restarted_edge.encoder.state_dict().items():
-        assert torch.equal(value, edge.encoder.state_dict()[name]), name
+    for name, value in restarted_edge.trainer.encoder.state_dict().items():
+        assert torch.equal(value, edge.trainer.encoder.state_dict()[name]), name
 
     # A fresh replay and inference (policy version 0), and the learner restarted on its checkpoint_dir.
     replay = await start(ReplayService, ReplaySettings(**TLS))

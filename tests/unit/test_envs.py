@@ -38,3 +38,30 @@ def test_a_carracing_frame_is_resized_on_the_way_out_of_the_env():
         assert frame.shape == (36, 36) and frame.dtype == np.uint8 and frame.std() > 0
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("action_repeat", [1, 4])
+def test_releasing_carracings_canvas_changes_no_step(action_repeat):
+    """ReleaseCanvas drops the 1000 x 800 surface CarRacing keeps after drawing; frames, rewards and ends
+    stay those of the env that keeps it, over an episode's first steps and a reset."""
+    released = make_env("CarRacing-v3", {"continuous": False}, 96, action_repeat)
+    kept = make_env("CarRacing-v3", {"continuous": False}, 96, action_repeat, release_canvas=False)
+    actions = np.random.default_rng(action_repeat).integers(0, 5, 60)
+    try:
+        for seed in (0, 1):
+            assert np.array_equal(released.reset(seed=seed)[0], kept.reset(seed=seed)[0])
+            for action in actions:
+                ours, theirs = released.step(action), kept.step(action)
+                assert np.array_equal(ours[0], theirs[0]) and ours[1:4] == theirs[1:4]
+                assert released.unwrapped.surf is None and kept.unwrapped.surf is not None
+    finally:
+        released.close()
+        kept.close()
+
+
+def test_envs_without_a_known_canvas_are_not_wrapped():
+    env = make_env("splitrl/Catch-v0", {}, 36, 1)
+    try:
+        assert "ReleaseCanvas" not in str(env)
+    finally:
+        env.close()

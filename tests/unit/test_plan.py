@@ -72,6 +72,8 @@ def test_every_service_gets_the_runs_values_of_the_groups_it_shares(tmp_path):
     assert (environment.seed, environment.max_steps) == (7, 1000)
     assert services["replay"].max_size == 2 * 8  # replay has no seed group: its draws stay unseeded
     assert services["replay"].seed is None
+    # the edge keeps every step a chunk being filled (8 envs), in replay (16) or in training (8) may hold, twice
+    assert edge.observation_store_size == 2 * 16 * (8 + 16 + 8)
 
 
 def test_a_resumed_run_plans_the_steps_left_on_new_tracks(tmp_path):
@@ -139,6 +141,7 @@ def test_a_recipe_share_holds_only_what_the_recipe_sets():
     assert (environment["env"], environment["action_repeat"], environment["max_steps"]) == ("CarRacing-v3", 4, 750_000)
     assert "seed" not in environment and "torch_threads" not in environment  # left to the service's defaults
     assert recipe_share(RECIPE, "replay") == {"max_size": 2 * 16}  # chunks_per_update: 16
+    assert recipe_share(RECIPE, "edge-encoder")["observation_store_size"] == 2 * 32 * (8 + 32 + 16)
     learner = recipe_share(RECIPE, "learner")
     assert (learner["learning_rate"], learner["reward_scale"], learner["mode"]) == (2.5e-4, 0.1, "cloud")
 

@@ -1,7 +1,8 @@
 """Building the environments a service steps: any gymnasium env with image observations.
 
 Observations become uint8 grayscale [frame_size, frame_size]; an action
-repeat (splitrl.core.action_repeat) sums rewards over repeated actions. Importing this module registers
+repeat (splitrl.core.action_repeat) sums rewards over repeated actions; envs known to keep their last
+drawing canvas alive between steps let it go (ReleaseCanvas). Importing this module registers
 the fast pixel env as `splitrl/Catch-v0`.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from functools import lru_cache, partial
-from typing import Any
+from typing import Any, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -53,6 +54,40 @@ def ensure_registered(env_id: str) -> None:
         ) from None
 
 
+#: Envs that keep the canvas their last observation was drawn on, though every draw makes a new one and
+#: nothing reads the old one: env class "module.QualifiedName" -> the attribute holding it. CarRacing draws
+#: on a 1000 x 800 RGBA pygame surface (3.2 MB per env, 26 MB of an 8-env edge) to scale it to 96 x 96.
+RELEASABLE_CANVASES: dict[str, str] = {"gymnasium.envs.box2d.car_racing.CarRacing": "surf"}
+
+
+class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
+    """Drops the env's drawing canvas after each reset and step, so it is not resident between steps.
+
+    Observations, rewards and ends are the env's own (the canvas is made anew by each draw before it is
+    read; tests/unit/test_envs.py compares them step by step). Only for classes in RELEASABLE_CANVASES.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], attribute: str) -> None:
+        super().__init__(env)
+        self.attribute = attribute
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        result = self.env.reset(**kwargs)
+        setattr(self.env.unwrapped, self.attribute, None)
+        return result
+
+    def step(self, action: Any) -> tuple[Any, SupportsFloat, bool, bool, dict[str, Any]]:
+        result = self.env.step(action)
+        setattr(self.env.unwrapped, self.attribute, None)
+        return result
+
+
+def releasable_canvas_of(env: gym.Env[Any, Any]) -> str | None:
+    """The attribute holding `env`'s innermost class's discardable canvas, or None."""
+    cls = type(env.unwrapped)
+    return RELEASABLE_CANVASES.get(f"{cls.__module__}.{cls.__qualname__}")
+
+
 @lru_cache(maxsize=16)
 def _area_weights(length: int, size: int) -> np.ndarray:
     """[size, length] averaging matrix: output i is the mean of inputs floor(i L / S) .. ceil((i + 1) L / S) - 1,
@@ -72,16 +107,25 @@ def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
 
 
 def make_env(
-    env_id: str, env_kwargs: dict[str, Any], frame_size: int, action_repeat: int, skip_render: bool = True
+    env_id: str,
+    env_kwargs: dict[str, Any],
+    frame_size: int,
+    action_repeat: int,
+    skip_render: bool = True,
+    release_canvas: bool = True,
 ) -> gym.Env[Any, Any]:
     """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images.
 
-    `skip_render=False` draws every repeated frame (only to time or check the fast repeat against the plain one).
+    `skip_render=False` draws every repeated frame and `release_canvas=False` keeps the env's drawing canvas
+    (only to time or check the fast repeat, or the release, against the plain env).
     """
     ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)
     if action_repeat > 1:  # innermost: frames the repeat discards are neither drawn (if it can) nor transformed
         env = ActionRepeat(env, action_repeat, skip_render)
+    canvas = releasable_canvas_of(env) if release_canvas else None
+    if canvas is not None:  # above the repeat, whose last frame may be drawn after its inner steps
+        env = ReleaseCanvas(env, canvas)
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
         env.close()

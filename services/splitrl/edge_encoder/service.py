@@ -62,14 +62,23 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.env_meter = LinkMeter(metrics, "env-encoder")
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
         self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
-        torch.manual_seed(settings.seed)
-        self.encoder = settings.network_config().encoder().eval()
         self.step_id_prefix = new_prefix()
         self._step_ids = itertools.count(first_id(self.step_id_prefix))
-        self.store = ObservationStore(settings.observation_store_size)
-        self.trainer = EncoderTrainer(
-            self.encoder,
-            self.store,
+        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
+        # Split modes only: the encoder, the store of what it encoded and its training by the learner. Cloud
+        # mode sends frames and holds none of it (at width 4,096 the encoder alone is 51 MB).
+        self.trainer: EncoderTrainer | None = None
+        self.learner_link: LearnerLink | None = None
+        if settings.mode != "cloud":
+            self.trainer, self.learner_link = self._encoder_training(settings, metrics)
+        self._link_loop = BackgroundLoop("learner link")
+        self._inference: Replicas | None = None
+
+    def _encoder_training(self, settings: EdgeEncoderSettings, metrics: Metrics) -> tuple[EncoderTrainer, LearnerLink]:
+        torch.manual_seed(settings.seed)
+        trainer = EncoderTrainer(
+            settings.network_config().encoder().eval(),
+            ObservationStore(settings.observation_store_size),
             metrics,
             learning_rate=settings.encoder_learning_rate,
             max_grad_norm=settings.encoder_max_grad_norm,
@@ -77,10 +86,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             checkpoint_path=None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt",
             checkpoint_every=settings.checkpoint_every,
         )
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
-        self.learner_link = LearnerLink(
+        link = LearnerLink(
             settings.learner_address,
-            self.trainer,
+            trainer,
             step_id_prefix=self.step_id_prefix,
             edge_id=settings.edge_id,
             metrics=metrics,
@@ -88,8 +96,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             transport=settings,
             backoff=Backoff.of(settings),
         )
-        self._link_loop = BackgroundLoop("learner link")
-        self._inference: Replicas | None = None
+        return trainer, link
 
     def register(self, server: grpc.aio.Server) -> None:
         rollout_pb2_grpc.add_EdgeEncoderServicer_to_server(self, server)
@@ -102,15 +109,15 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
     async def start(self) -> None:
         self._inference = Replicas("inference", self.settings.inference_address, self.settings, self.metrics)
-        if self.settings.mode != "cloud":
+        if self.learner_link is not None:
             self._link_loop.start(self.learner_link.run)
 
     async def stop(self) -> None:
         await self._link_loop.cancel()
         if self._inference is not None:
             await self._inference.close()
-        # On the compute thread, after any training step already queued there.
-        await asyncio.get_running_loop().run_in_executor(self._compute, self.trainer.save_checkpoint)
+        if self.trainer is not None:  # on the compute thread, after any training step already queued there
+            await asyncio.get_running_loop().run_in_executor(self._compute, self.trainer.save_checkpoint)
         self._compute.shutdown(wait=True)
 
     async def Rollout(
@@ -248,10 +255,11 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     def _encode(self, step_ids: list[int], stacks: torch.Tensor, rows: list[FrameRow]) -> tuple[wire.Tensor, int]:
         """On the compute thread: remember the stacks (as `rows` of shared frames) for training, return (encoded
         activations, encoder version)."""
-        self.store.put(step_ids, rows)
-        self.metrics.observation_store_size.set(len(self.store))
+        assert self.trainer is not None, "activations are encoded in the split modes only"
+        self.trainer.store.put(step_ids, rows)
+        self.metrics.observation_store_size.set(len(self.trainer.store))
         with torch.no_grad():
-            activations = self.encoder(stacks)
+            activations = self.trainer.encoder(stacks)
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
 
 

@@ -24,6 +24,21 @@ class EncoderTrainingSettings(Settings):
     encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
 
 
+#: How many times over the store holds the steps training may still ask for: as much again for a learner that
+#: lags the edge (policy lag is ~2 updates; replay's rate limit, when set, bounds it).
+STORE_HEADROOM = 2
+
+
+def observation_store_size_for(replay_chunks: int, unroll_length: int, chunks_per_update: int, num_envs: int) -> int:
+    """Steps one edge keeps so the learner finds every step it may ask for (split modes), with STORE_HEADROOM.
+
+    A step can be asked for while its chunk is being filled (num_envs chunks per edge), waits in replay
+    (replay_chunks, all of them this edge's at worst) or is in the update being trained (chunks_per_update);
+    each chunk is unroll_length steps. A run of the defaults (4 envs, chunks of 32, 16 per update) keeps 3,328.
+    """
+    return STORE_HEADROOM * unroll_length * (num_envs + replay_chunks + chunks_per_update)
+
+
 class EdgeEncoderSettings(
     ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings, EncoderTrainingSettings
 ):
@@ -44,7 +59,8 @@ class EdgeEncoderSettings(
         16384,
         ge=1,
         description="Steps whose frame stacks the edge keeps for training, by step id (about one frame each, "
-        "9,216 B at 96x96: consecutive stacks share frames).",
+        "9,216 B at 96x96: consecutive stacks share frames). `splitrl up` and a recipe size it from the run "
+        "(observation_store_size_for); a step asked for after eviction is counted and skipped.",
     )
     checkpoint_dir: Path | None = Field(
         None,

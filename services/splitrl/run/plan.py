@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings, Settings, shard_index
-from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.edge_encoder.settings import EdgeEncoderSettings, observation_store_size_for
 from splitrl.environment.settings import EnvironmentSettings
 from splitrl.inference.settings import InferenceSettings
 from splitrl.learner.settings import LearnerSettings
@@ -79,8 +79,13 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     """What service `name` takes from the run description itself, wherever it is placed: its shared groups,
     torch threads, and the fields computed from run fields (see DERIVED_FROM). `done_steps`: as in `plan`."""
     values = {**shared_values(run, SERVICE_SETTINGS[name]), "torch_threads": run.torch_threads}
+    replay_chunks = run.replay_max_size or 2 * run.chunks_per_update
     if name == "replay":
-        values["max_size"] = run.replay_max_size or 2 * run.chunks_per_update
+        values["max_size"] = replay_chunks
+    if name == "edge-encoder":
+        values["observation_store_size"] = observation_store_size_for(
+            replay_chunks, run.unroll_length, run.chunks_per_update, run.num_envs
+        )
     if name == "environment":
         values["seed"] = run.seed + done_steps  # a resumed run plays tracks it has not played yet
         values["max_steps"] = run.steps - done_steps
@@ -90,6 +95,9 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
 #: run_values' fields that are not copies of a run field of the same name: (service, field) -> run fields.
 DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
     ("replay", "max_size"): frozenset({"replay_max_size", "chunks_per_update"}),
+    ("edge-encoder", "observation_store_size"): frozenset(
+        {"replay_max_size", "chunks_per_update", "unroll_length", "num_envs"}
+    ),
     ("environment", "max_steps"): frozenset({"steps"}),
 }
 
