@@ -17,13 +17,13 @@ before and after glibc's malloc_trim (freed per-step buffers that glibc keeps co
 from __future__ import annotations
 
 import argparse
-import ctypes
 import subprocess
 import sys
 
 import torch
 
 from splitrl.core.framestack import FrameRow, FrameStacker
+from splitrl.core.memory import release_free_memory
 from splitrl.edge_encoder.training import ObservationStore
 
 LAYOUTS = ("stacks", "shared")
@@ -51,7 +51,7 @@ def fill(layout: str, envs: int, capacity: int, frame_size: int) -> str:
         store.put(range(step * envs, (step + 1) * envs), rows)
     grown = rss_mib() - before
     held = store.frame_bytes()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_free_memory()
     trimmed = rss_mib() - before
     figures = [
         f"{len(store):,}",

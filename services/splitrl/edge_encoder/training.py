@@ -26,6 +26,7 @@ from torch import nn
 from splitrl.core import checkpoint, wire
 from splitrl.core.config import FloatCodec
 from splitrl.core.framestack import FrameRow, stack_rows
+from splitrl.core.memory import release_free_memory
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -188,6 +189,7 @@ class EncoderTrainer:
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
             self.optimizer.step()
             self._graphs.clear()  # saved for the old weights: backpropagating them now would be wrong
+            release_free_memory()  # the step's inputs, activations and gradients (backward freed them; glibc keeps)
             self.version += 1
             self.metrics.encoder_updates.inc()
             self.metrics.encoder_version.set(self.version)
