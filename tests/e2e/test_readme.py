@@ -106,10 +106,21 @@ def test_readmes_certs_commands_run_as_written(tmp_path):
 
 def test_the_services_one_by_one_example_runs_as_written(tmp_path):
     script = bash_block_after("## Running services one by one")
+    returncode, output = _run_example(script, tmp_path / "first")
+    if returncode != 0 and "Address already in use" in output:
+        # The example's fixed ports (50051-50055) lie in Linux's ephemeral range, so a client socket of any
+        # process here can hold one for a moment (seen once in CI); as a user would, run it again.
+        returncode, output = _run_example(script, tmp_path / "again")
+    assert returncode == 0, output
+    assert "Traceback" not in output, output
+
+
+def _run_example(script: str, directory: Path) -> tuple[int, str]:
+    directory.mkdir()
     environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     process = subprocess.Popen(
         ["bash", "-e", "-c", "set -m\n" + script],  # -m: job control, so `kill %1` works as in a shell
-        cwd=tmp_path,
+        cwd=directory,
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -121,8 +132,7 @@ def test_the_services_one_by_one_example_runs_as_written(tmp_path):
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-    assert process.returncode == 0, output
-    assert "Traceback" not in output, output
+    return process.returncode, output
 
 
 @pytest.mark.parametrize(
