@@ -60,10 +60,16 @@ RENDER_SKIPPERS: dict[str, RenderSkipper] = {
 }
 
 
+def env_class_key(env: gym.Env[Any, Any]) -> str:
+    """`env`'s innermost class as "module.QualifiedName": the key of per-class registries such as
+    RENDER_SKIPPERS (no import of the class's module needed to list it)."""
+    cls = type(env.unwrapped)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def render_skipper_for(env: gym.Env[Any, Any]) -> RenderSkipper | None:
     """The registered skipper of `env`'s innermost class, or None (plain repeat)."""
-    cls = type(env.unwrapped)
-    return RENDER_SKIPPERS.get(f"{cls.__module__}.{cls.__qualname__}")
+    return RENDER_SKIPPERS.get(env_class_key(env))
 
 
 class ActionRepeat(gym.Wrapper[Any, Any, Any, Any]):

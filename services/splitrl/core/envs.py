@@ -16,7 +16,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from splitrl.core.action_repeat import ActionRepeat
+from splitrl.core.action_repeat import ActionRepeat, env_class_key
 from splitrl.core.spec import ActionSpec
 
 CATCH_ID = "splitrl/Catch-v0"
@@ -84,8 +84,7 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
 
 def releasable_canvas_of(env: gym.Env[Any, Any]) -> str | None:
     """The attribute holding `env`'s innermost class's discardable canvas, or None."""
-    cls = type(env.unwrapped)
-    return RELEASABLE_CANVASES.get(f"{cls.__module__}.{cls.__qualname__}")
+    return RELEASABLE_CANVASES.get(env_class_key(env))
 
 
 @lru_cache(maxsize=16)
