@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,3 +245,39 @@ def test_the_shipped_configs_are_valid(parser):
     assert configs, "configs/ holds the per-env recipes"
     for config in configs:
         up_settings(parser, "--config", str(config))
+
+
+SERVICE_PACKAGES = {"replay", "inference", "learner", "edge_encoder", "environment"}
+
+
+@pytest.mark.parametrize("service", ["environment", "edge-encoder", "inference", "replay", "learner"])
+def test_serving_one_service_imports_only_its_own_settings(service):
+    # In a fresh interpreter: what `splitrl serve NAME` parses with, and nothing of the run's other services.
+    code = (
+        "import sys; from splitrl.cli.main import build_parser; "
+        f"build_parser({service!r}).parse_args(['serve', {service!r}, '--port', '0']); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    loaded = set(run.stdout.split())
+    packages = {name.split(".")[1] for name in loaded if name.startswith("splitrl.")}
+    assert packages & SERVICE_PACKAGES == {service.replace("-", "_")}
+    assert f"splitrl.{service.replace('-', '_')}.settings" in loaded
+    assert not {"splitrl.run.plan", "splitrl.run.settings", "torch", "cryptography"} & loaded
+
+
+def test_a_served_service_still_takes_its_share_of_a_recipe(tmp_path):
+    # The recipe is read through the whole run's settings, imported only when --config is given.
+    config = tmp_path / "bad.yaml"
+    config.write_text("stepz: 5\n")
+    command = [sys.executable, "-m", "splitrl.cli.main", "serve", "environment", "--config", str(config)]
+    refused = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "splitrl serve environment: " in refused.stderr and "unknown settings 'stepz'" in refused.stderr
+
+
+def test_serve_help_lists_every_service(parser, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("environment", "edge-encoder", "inference", "replay", "learner"))

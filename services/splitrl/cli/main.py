@@ -5,7 +5,6 @@ agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -21,43 +20,12 @@ from splitrl.core.args import (
     validate_settings,
 )
 from splitrl.run.files import load_evals
-
-#: What `splitrl serve NAME` runs: NAME -> (module, service class, help). Only the module of the service that
-#: runs is imported, so each process loads what it needs (the environment: no torch) and starts fast.
-SERVICES: dict[str, tuple[str, str, str]] = {
-    "environment": (
-        "splitrl.environment.service",
-        "EnvironmentService",
-        "Step gymnasium envs; stream frames to the edge-encoder.",
-    ),
-    "edge-encoder": (
-        "splitrl.edge_encoder.service",
-        "EdgeEncoderService",
-        "Stack frames, encode (split), dial inference.",
-    ),
-    "inference": (
-        "splitrl.inference.service",
-        "InferenceService",
-        "Batch edge streams, act, write trajectories to replay.",
-    ),
-    "replay": ("splitrl.replay.service", "ReplayService", "Store trajectory chunks; serve samples."),
-    "learner": (
-        "splitrl.learner.service",
-        "LearnerService",
-        "Train the policy with PPO; publish weights to inference.",
-    ),
-}
+from splitrl.run.registry import SERVICES, load
 
 
-def _service_class(name: str) -> Callable[..., Any]:
-    module, class_name, _ = SERVICES[name]
-    return getattr(importlib.import_module(module), class_name)  # type: ignore[no-any-return]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from splitrl.run.plan import SERVICE_SETTINGS
-    from splitrl.run.settings import EvalSettings, RunSettings
-
+def build_parser(serving: str | None = None) -> argparse.ArgumentParser:
+    """The `splitrl` parser. `serving`: a name in SERVICES; the parser then knows `serve SERVING` only and
+    imports only that service's settings (the environment process is ~11 MB smaller for it)."""
     parser = argparse.ArgumentParser(
         prog="splitrl",
         description="Reinforcement learning split between an edge and a cloud over gRPC, every byte counted.",
@@ -66,10 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = commands.add_parser("serve", help="Run one service as this process.")
     services = serve.add_subparsers(dest="service", required=True, metavar="SERVICE")
-    for name, (_, _, help_text) in SERVICES.items():
-        service = services.add_parser(name, help=help_text, description=help_text)
-        add_settings_arguments(service, SERVICE_SETTINGS[name])
-        add_config_argument(service, f"Run recipe (the file `splitrl up --config` takes): {name} takes its share")
+    for name, served in SERVICES.items():
+        if serving in (None, name):
+            service = services.add_parser(name, help=served.help, description=served.help)
+            add_settings_arguments(service, load(served.settings))
+            add_config_argument(service, f"Run recipe (the file `splitrl up --config` takes): {name} takes its share")
+    if serving is None:
+        _add_commands(commands)
+    return parser
+
+
+def _add_commands(commands: Any) -> None:
+    """Every command but `serve`."""
+    from splitrl.run.settings import EvalSettings, RunSettings
+
     up = commands.add_parser(
         "up",
         help="Train locally: start every service on loopback, run N env steps, write a summary.",
@@ -121,7 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="Comma-separated names (or IPs) added to every certificate, e.g. the cloud's external name edges dial.",
     )
-    return parser
 
 
 def _benches() -> dict[str, tuple[Any, str]]:
@@ -293,23 +270,12 @@ def _certs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    serving = argv[1] if len(argv) > 1 and argv[0] == "serve" and argv[1] in SERVICES else None
+    parser = build_parser(serving)
     args = parser.parse_args(argv)
     if args.command == "serve":
-        from splitrl.core import security
-        from splitrl.core.service import run_service
-        from splitrl.run.plan import SERVICE_SETTINGS, recipe_share
-
-        settings_cls = SERVICE_SETTINGS[args.service]
-        try:
-            settings: Any = settings_from_args(
-                settings_cls, args, read_config=lambda path, _: recipe_share(path, args.service)
-            )
-            security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
-        except ValueError as error:
-            parser.exit(2, f"splitrl serve {args.service}: {error}\n")
-        service_cls = _service_class(args.service)
-        return run_service(lambda metrics: service_cls(settings, metrics), settings)
+        return _serve(parser, args.service, args)
     if args.command == "certs":
         return _certs(parser, args)
     if args.command == "eval":
@@ -321,6 +287,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _bench(parser, args)
     return _up(parser, args)
+
+
+def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> int:
+    from splitrl.core import security
+    from splitrl.core.service import run_service
+
+    def recipe_share(path: Path, _: Any) -> dict[str, Any]:
+        from splitrl.run.plan import recipe_share  # the whole run's settings: imported only for --config
+
+        return recipe_share(path, name)
+
+    try:
+        settings: Any = settings_from_args(load(SERVICES[name].settings), args, read_config=recipe_share)
+        security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
+    except ValueError as error:
+        parser.exit(2, f"splitrl serve {name}: {error}\n")
+    service_cls = load(SERVICES[name].service)
+    return run_service(lambda metrics: service_cls(settings, metrics), settings)
 
 
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

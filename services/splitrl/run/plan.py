@@ -24,22 +24,13 @@ from typing import Any, TypeVar
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings, Settings, shard_index
-from splitrl.edge_encoder.settings import EdgeEncoderSettings, observation_store_size_for
-from splitrl.environment.settings import EnvironmentSettings
-from splitrl.inference.settings import InferenceSettings
-from splitrl.learner.settings import LearnerSettings
-from splitrl.replay.settings import ReplaySettings
+from splitrl.edge_encoder.settings import observation_store_size_for
+from splitrl.run.registry import SERVICES, load
 from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
 #: Services in dial order: each dials only services before it, so they start in this order.
-START_ORDER = ("replay", "inference", "learner", "edge-encoder", "environment")
-SERVICE_SETTINGS: dict[str, type[ServerSettings]] = {
-    "replay": ReplaySettings,
-    "inference": InferenceSettings,
-    "learner": LearnerSettings,
-    "edge-encoder": EdgeEncoderSettings,
-    "environment": EnvironmentSettings,
-}
+START_ORDER = tuple(SERVICES)
+SERVICE_SETTINGS: dict[str, type[ServerSettings]] = {name: load(served.settings) for name, served in SERVICES.items()}
 S = TypeVar("S", bound=ServerSettings)
 
 
