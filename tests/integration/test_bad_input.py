@@ -106,6 +106,8 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
         (lambda r: r.rewards.__setitem__(0, float("inf")), "rewards holds NaN or Inf"),
         (lambda r: setattr(r, "first_step_id", 2**63 - 1), "below 2**63"),  # its 2nd row is 2**63
+        (lambda r: setattr(r, "step_id_advance", 4), "first ActRequest sets first_step_id, not step_id_advance"),
+        (lambda r: r.ClearField("first_step"), "neither first_step_id nor step_id_advance"),
         (
             lambda r: r.observations.CopyFrom(
                 wire.encode(torch.full((2, WIDTH), float("nan")), wire.DType.DTYPE_BFLOAT16)
@@ -133,6 +135,8 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         "ragged",
         "inf-reward",
         "huge-step-id",
+        "advance-first",
+        "no-step-id",
         "nan",
         "absurd-bf16",
         "absurd-int8-scale",

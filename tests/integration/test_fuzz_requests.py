@@ -210,14 +210,17 @@ def stream_of(messages: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
 
 
 act_requests = st.builds(
-    rollout_pb2.ActRequest,
+    lambda first_step, **fields: rollout_pb2.ActRequest(**first_step, **fields),
+    # The step-id oneof: an id, an advance on the stream's previous message's id (refused on a first message), none.
+    first_step=st.one_of(
+        st.fixed_dictionaries({"first_step_id": U64}), st.fixed_dictionaries({"step_id_advance": U64}), st.just({})
+    ),
     sequence=st.one_of(st.just(0), U64),
     observations=tensors((WIDTH,)),
     rewards=per_env(FLOATS),
     terminated=per_env(st.booleans()),
     truncated=per_env(st.booleans()),
-    first_step_id=U64,
-    encoder_version=U64,
+    encoder_version=st.one_of(st.none(), U64),  # absent: as on the stream's previous message
 )
 env_steps = st.builds(
     rollout_pb2.EnvStep,

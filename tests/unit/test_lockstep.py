@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from splitrl.core.lockstep import LockstepStream, episode_ends
+from splitrl.core.lockstep import Carried, LockstepStream, StepIdCursor, episode_ends
 from splitrl.core.rpc import BadRequest
 from splitrl.v1 import rollout_pb2
 
@@ -55,3 +55,50 @@ def test_empty_episode_end_fields_mean_no_env_ended():
     assert episode_ends(quiet, "terminated", 2).tolist() == [False, False]
     assert episode_ends(ended, "terminated", 2).tolist() == [True, False]
     assert quiet.ByteSize() < ended.ByteSize() - 4
+
+
+def header_round_trip(first_step_ids: list[int], versions: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """(first_step_id, encoder_version) pairs over one simulated stream: what arrives, and each message's bytes."""
+    sent_ids, sent_versions, got_ids, got_versions = StepIdCursor(), Carried(), StepIdCursor(), Carried()
+    arrived_ids, arrived_versions, sizes = [], [], []
+    for first_step_id, version in zip(first_step_ids, versions, strict=True):
+        request = rollout_pb2.ActRequest()
+        sent_ids.put(request, first_step_id)
+        sent_versions.put(request, "encoder_version", version)
+        wire = rollout_pb2.ActRequest.FromString(request.SerializeToString())
+        sizes.append(wire.ByteSize())
+        arrived_ids.append(got_ids.get(wire))
+        arrived_versions.append(got_versions.get(wire, "encoder_version"))
+    return arrived_ids, arrived_versions, sizes
+
+
+def test_step_ids_and_versions_arrive_as_sent_though_most_messages_leave_them_out():
+    prefix = 3_000_000 << 40  # a real edge's ids are ~2**62
+    ids = [prefix, prefix + 8, prefix + 16, prefix + 20, prefix + 36, prefix + 4, prefix + 5]  # interleaved streams
+    versions = [0, 0, 7, 7, 7, 300, 0]
+    arrived_ids, arrived_versions, sizes = header_round_trip(ids, versions)
+    assert (arrived_ids, arrived_versions) == (ids, versions)
+    assert sizes[0] == 10  # the stream's first message names its id in full (tag + 9-byte varint)
+    assert sizes[1] == 2 and sizes[3] == 2  # later ones the advance, and no unchanged version
+    assert sizes[2] == 4  # the version changed: it crosses once
+    assert sizes[5] > 10  # an id below the previous one crosses in full (ids only grow on a real edge)
+
+
+def test_a_stream_that_starts_with_an_advance_or_names_no_step_is_refused():
+    with pytest.raises(BadRequest, match="first ActRequest sets first_step_id"):
+        StepIdCursor().get(rollout_pb2.ActRequest(step_id_advance=4))
+    with pytest.raises(BadRequest, match="neither first_step_id nor step_id_advance"):
+        StepIdCursor().get(rollout_pb2.ActRequest())
+    cursor = StepIdCursor()
+    assert cursor.get(rollout_pb2.ActRequest(first_step_id=0)) == 0  # id 0, explicitly set, is an id
+    assert cursor.get(rollout_pb2.ActRequest(step_id_advance=0)) == 0
+
+
+def test_an_unchanged_policy_version_is_left_out_and_read_back():
+    sender, receiver = Carried(), Carried()
+    arrived = []
+    for version in (0, 0, 5, 5, 5, 6):
+        response = rollout_pb2.ActResponse(sequence=1)
+        sender.put(response, "policy_version", version)
+        arrived.append((receiver.get(response, "policy_version"), response.HasField("policy_version")))
+    assert arrived == [(0, False), (0, False), (5, True), (5, False), (5, False), (6, True)]

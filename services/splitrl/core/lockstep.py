@@ -9,6 +9,11 @@ state as it was, and the caller answers INVALID_ARGUMENT):
   truncated) may instead be empty, meaning no env's episode ended: the common step sends no flags.
 Episode starts follow: every env starts one on the stream's first message (nothing spans a reconnect), then
 exactly those whose previous episode ended (terminated or truncated).
+
+At tens of WAN bytes per env step a header field matters, so a number the stream's previous message implies
+does not cross again: Carried (ActRequest.encoder_version, ActResponse.policy_version: absent = unchanged) and
+StepIdCursor (ActRequest's step ids: the advance since the previous message, not the ~10-byte id). Each end
+keeps one per stream; a new stream starts them over.
 """
 
 from __future__ import annotations
@@ -62,3 +67,54 @@ class LockstepStream:
         if first:
             return torch.ones(envs, dtype=torch.bool)
         return episode_ends(message, "terminated", envs) | episode_ends(message, "truncated", envs)
+
+
+class Carried:
+    """One number of a stream's messages that crosses only when it changes: a proto3 `optional` field whose
+    absence means "as in this stream's previous message" (0 before any). Each end keeps one per stream and
+    field; a refused message ends its stream, so nothing reads the state after one."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def put(self, message: Any, field: str, value: int) -> None:
+        """Sender: set `message.field` to `value` if it changed since the stream's previous message, else clear it."""
+        message.ClearField(field)
+        if value != self.value:
+            setattr(message, field, value)
+        self.value = value
+
+    def get(self, message: Any, field: str) -> int:
+        """Receiver: `message.field`, or the stream's last value when the message leaves it out."""
+        if message.HasField(field):
+            self.value = getattr(message, field)
+        return self.value
+
+
+class StepIdCursor:
+    """Row 0's step id of each ActRequest of one stream, as its `first_step` oneof: first_step_id (~10 bytes)
+    on the stream's first message, then step_id_advance, the growth since the previous message (~2 bytes)."""
+
+    def __init__(self) -> None:
+        self.first_step_id: int | None = None  # of the stream's previous message
+
+    def put(self, request: Any, first_step_id: int) -> None:
+        """Sender: set `request`'s first_step for `first_step_id`."""
+        previous, self.first_step_id = self.first_step_id, first_step_id
+        if previous is None or first_step_id < previous:
+            request.first_step_id = first_step_id
+        else:
+            request.step_id_advance = first_step_id - previous
+
+    def get(self, request: Any) -> int:
+        """Receiver: `request`'s row-0 step id. BadRequest if it names none, or an advance on a first message."""
+        kind = request.WhichOneof("first_step")
+        if kind is None:
+            raise BadRequest("ActRequest sets neither first_step_id nor step_id_advance")
+        if kind == "step_id_advance" and self.first_step_id is None:
+            raise BadRequest("a stream's first ActRequest sets first_step_id, not step_id_advance")
+        if kind == "first_step_id":
+            self.first_step_id = request.first_step_id
+        else:
+            self.first_step_id = (self.first_step_id or 0) + request.step_id_advance
+        return self.first_step_id

@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import grpc
 import torch
@@ -34,7 +35,7 @@ import torch
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameRow, FrameStacker
-from splitrl.core.lockstep import LockstepStream
+from splitrl.core.lockstep import Carried, LockstepStream, StepIdCursor
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.replicas import Lease, Replicas
@@ -132,10 +133,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
                 encode_started = time.perf_counter()
-                request, frames = await self._act_request(stream, step)
+                outgoing = await self._act_request(stream, step)
                 if self.stream_kind != "video":  # video is encoded per Act stream, in _act, and timed there
                     self.metrics.hop_latency.labels(hop="edge-encode").observe(time.perf_counter() - encode_started)
-                response = await self._act(upstream, request, frames, redial)
+                response = await self._act(upstream, outgoing, redial)
                 reply = rollout_pb2.EnvAction(
                     sequence=step.sequence, actions=response.actions, policy_version=response.policy_version
                 )
@@ -146,23 +147,25 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         finally:
             upstream.close()
 
-    async def _act(
-        self, upstream: _ActStream, request: rollout_pb2.ActRequest, frames: torch.Tensor, redial: Redial
-    ) -> rollout_pb2.ActResponse:
-        """Send `request` to inference and return its answer, reopening the Act stream as often as it breaks.
+    async def _act(self, upstream: _ActStream, outgoing: _Outgoing, redial: Redial) -> rollout_pb2.ActResponse:
+        """Send `outgoing` to inference and return its answer, reopening the Act stream as often as it breaks.
 
         The environment's step is held meanwhile and sent again, as sequence 0 of a stream with a new run id:
         inference starts fresh trajectories for it. A refusal (core.redial) is passed on with its status.
-        In video mode `frames` are encoded here, by the encoders of the Act stream that carries them.
+        The fields a stream's previous message implies, and in video mode the frames (by the encoders of the Act
+        stream that carries them), are filled in here, per stream.
         """
+        request = outgoing.request
         while True:
             if upstream.lease is not None and upstream.replicas.should_move(upstream.lease):
                 moved = upstream.close()
                 log.info("env run %s: run %s moves to even out inference replicas", upstream.env_run_id, moved)
             call = upstream.call or self._open(upstream)
             request.sequence = upstream.sequence
+            upstream.step_ids.put(request, outgoing.first_step_id)
+            upstream.encoder_version.put(request, "encoder_version", outgoing.encoder_version)
             if upstream.video is not None:
-                await self._encode_video(upstream.video, request, frames)
+                await self._encode_video(upstream.video, request, outgoing.frames)
             try:
                 response = await self._exchange(call, request, upstream)
                 redial.answered()
@@ -183,7 +186,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         )
         upstream.lease = lease = upstream.replicas.acquire()
         upstream.call = rollout_pb2_grpc.InferenceStub(lease.channel).Act(metadata=metadata)
-        upstream.sequence = 0
+        upstream.new_call_state()
         if self.stream_kind == "video":  # fresh encoders: the new stream's first packets are keyframes
             upstream.video = VideoStreamEncoder(self.settings.frame_size, self.settings)
         log.info("env run %s: Act stream to %s open as run %s", upstream.env_run_id, lease.address, upstream.run_id)
@@ -200,6 +203,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.wan_meter.sent(request, phase="rollout", payload=codecs.payload_of(self.stream_kind))
         response = await rpc.exchange(call, request, self.settings.inference_timeout_s, "inference")
         self.wan_meter.received(response, phase="rollout", payload="action")
+        response.policy_version = upstream.policy_version.get(response, "policy_version")  # filled in if implied
         self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
         upstream.sequence += 1
         return response
@@ -221,10 +225,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         message = await asyncio.get_running_loop().run_in_executor(self._compute, encode)
         request.observations.CopyFrom(message)
 
-    async def _act_request(
-        self, stream: _EnvStream, step: rollout_pb2.EnvStep
-    ) -> tuple[rollout_pb2.ActRequest, torch.Tensor]:
-        """The ActRequest for `step`, and its frames uint8 [N, S, S]; video observations are left to _act."""
+    async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> _Outgoing:
+        """The ActRequest for `step` and what _act completes it with; video observations are left to _act."""
         frames, episode_start = stream.accept(step)
         step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
         encoder_version = 0
@@ -247,10 +249,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             rewards=step.rewards,
             terminated=step.terminated,
             truncated=step.truncated,
-            first_step_id=step_ids[0],
-            encoder_version=encoder_version,
         )
-        return request, frames
+        return _Outgoing(request, frames, step_ids[0], encoder_version)
 
     def _encode(self, step_ids: list[int], stacks: torch.Tensor, rows: list[FrameRow]) -> tuple[wire.Tensor, int]:
         """On the compute thread: remember the stacks (as `rows` of shared frames) for training, return (encoded
@@ -263,6 +263,15 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
 
 
+class _Outgoing(NamedTuple):
+    """One env step on its way to inference: the ActRequest but for its per-stream fields, and their values."""
+
+    request: rollout_pb2.ActRequest
+    frames: torch.Tensor  # uint8 [N, S, S], the newest frame of each env (encoded per stream in video mode)
+    first_step_id: int
+    encoder_version: int
+
+
 class _ActStream:
     """The Act stream that serves one environment stream now; replaced (new run id) whenever it breaks."""
 
@@ -273,8 +282,13 @@ class _ActStream:
         self.call: grpc.aio.StreamStreamCall | None = None
         self.lease: Lease | None = None  # the inference replica `call` is open on
         self.video: VideoStreamEncoder | None = None  # cloud h264: this call's encoders, one per env
-        self.sequence = 0  # of the next ActRequest on `call`
         self.opened = 0  # Act streams opened so far for this environment stream
+        self.new_call_state()
+
+    def new_call_state(self) -> None:
+        """What each end of an Act stream keeps (core.lockstep) starts over with each call."""
+        self.sequence = 0  # of the next ActRequest on `call`
+        self.step_ids, self.encoder_version, self.policy_version = StepIdCursor(), Carried(), Carried()
 
     def close(self) -> str:
         """Cancel the current call, if any; returns its run id."""

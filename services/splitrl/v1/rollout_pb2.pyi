@@ -32,7 +32,7 @@ class EnvAction(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ActRequest(_message.Message):
-    __slots__ = ("sequence", "observations", "rewards", "terminated", "truncated", "encoder_version", "first_step_id")
+    __slots__ = ("sequence", "observations", "rewards", "terminated", "truncated", "encoder_version", "first_step_id", "step_id_advance")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
@@ -40,6 +40,7 @@ class ActRequest(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     ENCODER_VERSION_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_ID_ADVANCE_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     observations: _tensor_pb2.Tensor
     rewards: _containers.RepeatedScalarFieldContainer[float]
@@ -47,7 +48,8 @@ class ActRequest(_message.Message):
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     encoder_version: int
     first_step_id: int
-    def __init__(self, sequence: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., encoder_version: _Optional[int] = ..., first_step_id: _Optional[int] = ...) -> None: ...
+    step_id_advance: int
+    def __init__(self, sequence: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., encoder_version: _Optional[int] = ..., first_step_id: _Optional[int] = ..., step_id_advance: _Optional[int] = ...) -> None: ...
 
 class ActResponse(_message.Message):
     __slots__ = ("sequence", "actions", "policy_version")
