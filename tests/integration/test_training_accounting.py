@@ -151,3 +151,31 @@ async def test_an_encoder_fraction_cuts_the_naive_split_training_traffic_by_that
         assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") > 0
     finally:
         await stack.stop()
+
+
+async def test_an_edge_training_a_few_rows_per_pass_moves_the_same_bytes_and_steps_on_every_minibatch():
+    # --encoder-rows-per-pass: the edge keeps no graph between activations and gradients; the wire is unchanged.
+    stack = await Stack.start(
+        "split",
+        num_envs=2,
+        steps=0,
+        unroll_length=UNROLL,
+        width=WIDTH,
+        learner=LEARNER,
+        edge={"encoder_rows_per_pass": 3},
+    )
+    try:
+        await stack.wait_learner_done()
+        steps = LEARNER["max_updates"] * LEARNER["epochs"] * LEARNER["minibatches"]
+        for _ in range(50):  # the last gradients may still be on their way to the edge
+            texts = stack.scrape()
+            if scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") == steps:
+                break
+            await asyncio.sleep(0.1)
+        assert scrape.total([texts["edge-encoder"]], "splitrl_encoder_version") == steps
+        sent = training_wan_bytes(texts)
+        predicted = TRAINED_SAMPLES * SPLIT_BYTES_PER_SAMPLE
+        assert sent == pytest.approx(predicted, rel=0.05), f"{sent} B vs predicted {predicted} B"
+        assert scrape.total([texts["edge-encoder"]], "splitrl_unknown_step_ids_total") == 0
+    finally:
+        await stack.stop()

@@ -35,11 +35,16 @@ def as_rows(stacked: torch.Tensor) -> list[FrameRow]:
     return [tuple(stack.unbind()) for stack in stacked]
 
 
-def make_trainer(capacity: int = 100) -> tuple[EncoderTrainer, Metrics]:
+def make_trainer(capacity: int = 100, rows_per_pass: int = 0) -> tuple[EncoderTrainer, Metrics]:
     torch.manual_seed(0)
     metrics = Metrics(CollectorRegistry())
     trainer = EncoderTrainer(
-        Encoder(4, 36, WIDTH), ObservationStore(capacity), metrics, learning_rate=1e-3, max_grad_norm=0.5
+        Encoder(4, 36, WIDTH),
+        ObservationStore(capacity),
+        metrics,
+        learning_rate=1e-3,
+        max_grad_norm=0.5,
+        rows_per_pass=rows_per_pass,
     )
     return trainer, metrics
 
@@ -141,6 +146,49 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
     applied = trainer.apply(message)
     assert applied.unknown_step_ids == 1 and applied.encoder_version == 1
     assert metrics.encoder_updates._value.get() == 1
+
+
+def train_once(rows_per_pass: int, accumulate: bool) -> tuple[EncoderTrainer, torch.Tensor, list[tuple[int, bool]]]:
+    """One split (or split-accumulate) step over 5 stored rows; returns the trainer, the activations it sent (split)
+    and each encoder forward pass as (rows, with a graph)."""
+    trainer, _ = make_trainer(rows_per_pass=rows_per_pass)
+    passes: list[tuple[int, bool]] = []
+    trainer.encoder.register_forward_hook(
+        lambda _m, inputs, _o: passes.append((inputs[0].shape[0], torch.is_grad_enabled()))
+    )
+    ids = [11, 12, 13, 14, 15]
+    trainer.store.put(ids, as_rows(stacks(5, seed=3)))
+    gradients = torch.randn(5, WIDTH, generator=torch.Generator().manual_seed(4))
+    sent = torch.zeros(0)
+    message = training_pb2.EncoderGradients(request_id=9, gradients=wire.encode_float(gradients, "bf16"))
+    if accumulate:
+        message.steps.CopyFrom(pack_step_ids(ids))
+    else:
+        answer = trainer.activations(training_pb2.ActivationRequest(request_id=9, steps=pack_step_ids(ids)))
+        sent = wire.decode_float(answer.activations)
+    assert trainer.apply(message).encoder_version == 1
+    return trainer, sent, passes
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
+def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_those_rows_only(accumulate):
+    whole, whole_sent, whole_passes = train_once(0, accumulate)
+    pieces, pieces_sent, piece_passes = train_once(2, accumulate)
+    assert torch.allclose(whole_sent, pieces_sent)
+    for a, b in zip(whole.encoder.parameters(), pieces.encoder.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    assert whole_passes == [(5, True)]  # one pass with a graph: kept from the activations (split), or run at once
+    # split sends activations made without a graph, then runs the rows again, 2 at a time, when gradients come
+    assert piece_passes == ([] if accumulate else [(2, False), (2, False), (1, False)]) + [
+        (2, True),
+        (2, True),
+        (1, True),
+    ]
+
+
+def test_a_negative_rows_per_pass_is_refused_with_the_value():
+    with pytest.raises(ValueError, match="rows_per_pass must be >= 0, got -1"):
+        make_trainer(rows_per_pass=-1)
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator
 
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, SeedSettings, Settings
 from splitrl.core.spec import Bottleneck
+from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
 from splitrl.learner.settings import PPOSettings
@@ -93,7 +94,9 @@ class NetworkBenchSettings(EnvSettings, Settings):
         return value
 
 
-class ThroughputBenchSettings(EnvSettings, SeedSettings, VecEnvSettings, ChunkSettings, PPOSettings, Settings):
+class ThroughputBenchSettings(
+    EnvSettings, SeedSettings, VecEnvSettings, ChunkSettings, PPOSettings, EncoderTrainingSettings, Settings
+):
     """Env steps/s of the five-service stack per mode, side by side in one run with single-process references:
     a loop that only acts, the same PPO trained in turn in one process (sync-ppo) and, optionally,
     Stable-Baselines3 PPO; hop latencies, batch sizes, policy lag, CPU per service; a link microbenchmark vs

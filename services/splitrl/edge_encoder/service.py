@@ -86,6 +86,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             activation_codec=settings.activation_codec,
             checkpoint_path=None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt",
             checkpoint_every=settings.checkpoint_every,
+            rows_per_pass=settings.encoder_rows_per_pass,
         )
         link = LearnerLink(
             settings.learner_address,

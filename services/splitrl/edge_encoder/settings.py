@@ -22,6 +22,14 @@ class EncoderTrainingSettings(Settings):
 
     encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
     encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
+    encoder_rows_per_pass: int = Field(
+        0,
+        ge=0,
+        description="Rows the edge's encoder runs with a graph at once in training. 0: split keeps each "
+        "minibatch's graph from its activations until its gradients come (~50 MB for 128 rows of 4 x 96 x 96). "
+        "N > 0: activations are sent without a graph and run again N rows at a time when the gradients come, "
+        "which bounds the edge's training memory by N rows for one more encoder forward pass per row.",
+    )
 
 
 #: How many times over the store holds the steps training may still ask for: as much again for a learner that

@@ -35,9 +35,10 @@ from splitrl.v1 import training_pb2
 
 log = logging.getLogger(__name__)
 
-#: Split mode: graphs kept for activations whose gradients have not come back yet. Every optimizer
-#: step invalidates all of them (the weights they saved change in place), so they are dropped then.
-MAX_PENDING_GRAPHS = 4
+#: Split mode: requests whose gradients have not come back yet, each kept as its activations' graph (or as its
+#: stacks, to run again: rows_per_pass). Every optimizer step invalidates all of them (a graph saved the old
+#: weights; activations the learner saw came from them), so they are dropped then.
+MAX_PENDING = 4
 
 
 class ObservationStore:
@@ -98,11 +99,17 @@ class EncoderTrainer:
         activation_codec: FloatCodec = "bf16",
         checkpoint_path: Path | None = None,
         checkpoint_every: int = 0,
+        rows_per_pass: int = 0,
     ) -> None:
         """`checkpoint_path`: restore from it if it exists; save to it every `checkpoint_every` steps (0: only
-        when `save_checkpoint` is called)."""
+        when `save_checkpoint` is called). `rows_per_pass`: 0 keeps a split request's graph from its activations
+        to its gradients and runs split-accumulate's rows in one pass; N > 0 runs the encoder with a graph
+        over N rows at a time only (split: the activations are sent without one and recomputed when the
+        gradients come), so training's memory is bounded by N rows for one more forward pass per row."""
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        if rows_per_pass < 0:
+            raise ValueError(f"rows_per_pass must be >= 0, got {rows_per_pass}")
         self.encoder = encoder
         self.activation_codec: FloatCodec = activation_codec
         self.store = store
@@ -110,7 +117,9 @@ class EncoderTrainer:
         self.max_grad_norm = max_grad_norm
         self.optimizer = torch.optim.Adam(encoder.parameters(), lr=learning_rate, eps=1e-5)
         self.version = 0
-        self._graphs: OrderedDict[int, torch.Tensor] = OrderedDict()
+        self.rows_per_pass = rows_per_pass
+        # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
+        self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
         self._saved_version: int | None = None  # none yet: even an encoder that never trained is saved
         if checkpoint_path is not None:
@@ -142,7 +151,7 @@ class EncoderTrainer:
         log.info("encoder resumed from %s at version %d", path, self.version)
 
     def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
-        """Split: recompute activations for the requested steps, keeping the graph for their gradients."""
+        """Split: recompute activations for the requested steps, keeping what their gradients will need."""
         requested = unpack_step_ids(request.steps) if request.HasField("steps") else []
         found, stacks = self.store.get(requested)
         held = set(found)
@@ -151,11 +160,13 @@ class EncoderTrainer:
             self.metrics.unknown_step_ids.labels(request="activation").inc(len(missing))
         if stacks is None:
             rows = torch.zeros((0, self.encoder.width))
+        elif self.rows_per_pass:
+            with torch.no_grad():
+                rows = torch.cat([self.encoder(piece) for piece in stacks.split(self.rows_per_pass)])
+            self._keep(request.request_id, stacks)
         else:
             rows = self.encoder(stacks)
-            self._graphs[request.request_id] = rows
-            while len(self._graphs) > MAX_PENDING_GRAPHS:
-                self._graphs.popitem(last=False)
+            self._keep(request.request_id, rows)
         return training_pb2.Activations(
             request_id=request.request_id,
             activations=wire.encode_float(rows.detach(), self.activation_codec),
@@ -172,23 +183,22 @@ class EncoderTrainer:
             steps = unpack_step_ids(message.steps)
             if len(steps) != gradients.shape[0]:
                 raise BadRequest(f"EncoderGradients has {len(steps)} step ids for {gradients.shape[0]} rows")
-            found, stacks = self.store.get(steps)
+            found, pending = self.store.get(steps)
             unknown = len(steps) - len(found)
-            rows = None if stacks is None else self.encoder(stacks)
             gradients = gradients[found]
-        else:  # split: the graph kept when the activations were sent
-            rows = self._graphs.pop(message.request_id, None)
-            unknown = 0 if rows is not None else gradients.shape[0]
-            if rows is not None and rows.shape != gradients.shape:
-                raise BadRequest(f"EncoderGradients rows {list(gradients.shape)} do not match {list(rows.shape)}")
+        else:  # split: what was kept when the activations were sent
+            pending = self._pending.pop(message.request_id, None)
+            unknown = 0 if pending is not None else gradients.shape[0]
+            if pending is not None and pending.shape[0] != gradients.shape[0]:
+                raise BadRequest(f"EncoderGradients has {gradients.shape[0]} rows; the request had {pending.shape[0]}")
         if unknown:
             self.metrics.unknown_step_ids.labels(request="gradient").inc(unknown)
-        if rows is not None and rows.shape[0] > 0:
+        if pending is not None and pending.shape[0] > 0:
             self.optimizer.zero_grad()
-            rows.backward(gradients.float())
+            self._backpropagate(pending, gradients.float())
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
             self.optimizer.step()
-            self._graphs.clear()  # saved for the old weights: backpropagating them now would be wrong
+            self._pending.clear()  # made with the old weights: backpropagating them now would be wrong
             release_free_memory()  # the step's inputs, activations and gradients (backward freed them; glibc keeps)
             self.version += 1
             self.metrics.encoder_updates.inc()
@@ -200,5 +210,20 @@ class EncoderTrainer:
         )
 
     def forget_pending(self) -> None:
-        """Drop kept graphs (the learner's stream ended; their gradients will never come)."""
-        self._graphs.clear()
+        """Drop what pending requests kept (the learner's stream ended; their gradients will never come)."""
+        self._pending.clear()
+
+    def _keep(self, request_id: int, pending: torch.Tensor) -> None:
+        self._pending[request_id] = pending
+        while len(self._pending) > MAX_PENDING:
+            self._pending.popitem(last=False)
+
+    def _backpropagate(self, pending: torch.Tensor, gradients: torch.Tensor) -> None:
+        """Accumulate the encoder's parameter gradients for `gradients` float32 [n, width]. `pending`: activations
+        with their graph, or uint8 stacks [n, ...] to run the encoder on again, rows_per_pass rows at a time."""
+        if pending.dtype != torch.uint8:
+            pending.backward(gradients)
+            return
+        rows = self.rows_per_pass or pending.shape[0]
+        for stacks, piece in zip(pending.split(rows), gradients.split(rows), strict=True):
+            self.encoder(stacks).backward(piece)
