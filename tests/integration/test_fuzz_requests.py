@@ -128,13 +128,15 @@ def arbitrary_tensors(draw: st.DrawFn) -> tensor_pb2.Tensor:
         compression=draw(st.integers(-2, 3)),
         row_scale=draw(st.lists(FLOATS, max_size=4)),
         row_scale_bf16=draw(st.binary(max_size=10)),
+        row_scale_log=draw(st.binary(max_size=10)),
+        row_scale_log_base=draw(FLOATS),
     )
 
 
 @st.composite
 def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "float") -> tensor_pb2.Tensor:
     """A well-encoded tensor of [n, *dims] (or uint8 frames), then possibly one field broken: near misses."""
-    n = draw(st.integers(0, 3))
+    n = draw(st.sampled_from([0, 1, 2, 3, 8]))  # 8 rows: quantized scales cross as log bytes
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     if dtype == "uint8":
         message = wire.encode(torch.randint(0, 256, (n, *dims), dtype=torch.uint8, generator=generator))
@@ -147,7 +149,9 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
         else:
             message = wire.encode_float(values, draw(st.sampled_from(wire.FLOAT_CODECS)))
     breakage = draw(
-        st.sampled_from(["none", "none", "truncate", "shape", "dtype", "compression", "row_scale", "row_scale_bf16"])
+        st.sampled_from(
+            ["none", "none", "truncate", "shape", "dtype", "compression", "row_scale", "row_scale_bf16", "log", "base"]
+        )
     )
     if breakage == "truncate":
         message.data = message.data[: draw(st.integers(0, max(len(message.data) - 1, 0)))]
@@ -161,6 +165,10 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
         message.row_scale[:] = draw(st.lists(FLOATS, max_size=4))
     elif breakage == "row_scale_bf16":
         message.row_scale_bf16 = draw(st.binary(max_size=10))
+    elif breakage == "log":
+        message.row_scale_log = draw(st.binary(max_size=10))
+    elif breakage == "base":
+        message.row_scale_log_base = draw(FLOATS)
     return message
 
 

@@ -5,41 +5,55 @@ from __future__ import annotations
 import contextlib
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitrl.core import wire
+from splitrl.core import scale_forms, wire
 
 DType = wire.DType
 ROWS, WIDTH = 16, 256
 
 
 def activations(seed: int = 0) -> torch.Tensor:
-    """ReLU-like activations with rows of very different magnitudes, as an encoder produces."""
+    """ReLU-like activations with rows of very different magnitudes (1e-4 to 1e2), as an encoder produces."""
     generator = torch.Generator().manual_seed(seed)
     magnitudes = torch.logspace(-4, 2, ROWS)[:, None]
     return torch.relu(torch.randn(ROWS, WIDTH, generator=generator)) * magnitudes
 
 
+def closer_activations() -> torch.Tensor:
+    """ROWS rows whose magnitudes lie within 10**1.75 of each other: inside the log scale form's range."""
+    return activations()[-8:].repeat(2, 1)
+
+
+#: How much coarser than its row's own a quantization step can be, by the form its scale crossed in: bfloat16
+#: (relative 2^-9, a factor 1 + 2^-8 with margin) or a log byte (rounded up by at most 2^(1/16)).
+SCALE_SLACK = {"bf16": 1 + 2**-8, "log": 2 ** (1 / 16) * (1 + 2**-20)}
+
+
+@pytest.mark.parametrize("rows", [ROWS, 4], ids=["log-scales", "bf16-scales"])
 @pytest.mark.parametrize("codec", wire.FLOAT_CODECS)
-def test_every_codec_round_trips_within_its_precision(codec):
-    values = activations()
-    decoded = wire.decode_float(wire.encode_float(values, codec))
+def test_every_codec_round_trips_within_its_precision(codec, rows):
+    values = activations()[-rows:] if rows < ROWS else closer_activations()
+    message = wire.encode_float(values, codec)
+    decoded = wire.decode_float(message)
 
     assert decoded.dtype == torch.float32
     assert decoded.shape == values.shape
     # Per-row relative error bound: bf16 keeps 8 mantissa bits; int8 / int4 are within half a step of 127 / 7
-    # levels of the row's max, the step being the scale as rounded to bf16 (relative 2^-9, a factor
-    # 1 + 2^-8 with margin); e4m3 keeps 3 mantissa bits (relative 2^-4) above its subnormal range.
+    # levels of the row's max, the step being the scale as the receiver reads it; e4m3 keeps 3 mantissa bits
+    # (relative 2^-4) above its subnormal range.
+    slack = SCALE_SLACK["log" if message.row_scale_log else "bf16"]
     row_max = values.abs().amax(dim=1, keepdim=True)
     error = (decoded - values).abs()
     bound = {
         "bf16": values.abs() * 2**-8,
-        "int8": row_max / 127 / 2 * (1 + 2**-8),
-        "int4": row_max / 7 / 2 * (1 + 2**-8),
-        "fp8": values.abs() * 2**-4 + row_max / 448 * 2**-9 * (1 + 2**-8) + row_max * 2**-9,
+        "int8": row_max / 127 / 2 * slack,
+        "int4": row_max / 7 / 2 * slack,
+        "fp8": values.abs() * 2**-4 + row_max / 448 * 2**-9 * slack + row_max * (slack - 1),
     }
     precision = codec.split("+")[0]
     assert bool((error <= bound[precision] + 1e-12).all()), float((error - bound[precision]).max())
@@ -50,9 +64,50 @@ def test_quantized_codecs_send_one_byte_per_number_plus_a_scale_per_row(codec):
     message = wire.encode_float(activations(), codec)
 
     assert len(message.data) == ROWS * WIDTH
-    assert len(message.row_scale_bf16) == 2 * ROWS and not message.row_scale  # one bfloat16 scale per row
+    message = wire.encode_float(closer_activations(), codec)
+    assert len(message.row_scale_log) == ROWS and message.row_scale_log_base > 0  # one byte per row, one base
+    assert not message.row_scale and not message.row_scale_bf16
     bf16 = wire.encode_float(activations(), "bf16")
     assert message.ByteSize() < 0.52 * bf16.ByteSize()
+
+
+@pytest.mark.parametrize(("rows", "form", "scale_bytes"), [(4, "bf16", 2 * 4), (5, "bf16", 2 * 5), (6, "log", 6 + 4)])
+def test_scales_cross_in_whichever_form_is_smaller(rows, form, scale_bytes):
+    message = wire.encode_float(torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows)), "int4")
+    carried = len(message.row_scale_bf16) if form == "bf16" else len(message.row_scale_log) + 4  # float32 base
+    assert (bool(message.row_scale_bf16), bool(message.row_scale_log)) == (form == "bf16", form == "log")
+    assert carried == scale_bytes
+
+
+def test_log_scales_round_up_within_a_16th_of_an_octave():
+    exact = np.array([0.0, 3.0, 1.0, 2.5e-3, 3.0 / 2 ** (254 / 16) * 1.01, 3.0 / 2 ** (254 / 16)], dtype=np.float32)
+    sent, fields = scale_forms.pack(exact)
+    codes = np.frombuffer(fields["row_scale_log"], dtype=np.uint8)
+    assert codes[0] == 0 and sent[0] == 0  # an all-zero row
+    assert codes[1] == scale_forms.LOG_MAX_CODE and sent[1] == pytest.approx(3.0, rel=1e-6)  # the largest row
+    assert np.all(sent[2:] >= exact[2:] * (1 - 1e-6)) and np.all(sent[2:] <= exact[2:] * 2 ** (1 / 16) * (1 + 1e-6))
+    assert codes[5] == 1  # the smallest scale the form can name
+    assert np.array_equal(scale_forms.from_log(fields["row_scale_log"], fields["row_scale_log_base"]), sent)
+    huge, fields = scale_forms.pack(np.array([7e20, 1e20, 1e19, 1e18, 1e17, 1e17], dtype=np.float32))
+    assert "row_scale_log" in fields and np.isfinite(huge).all() and huge.max() == pytest.approx(7e20, rel=1e-6)
+    _, fields = scale_forms.pack(np.full(8, 1e-44, dtype=np.float32))  # subnormal: below any base the form has
+    assert "row_scale_bf16" in fields
+
+
+def test_rows_beyond_the_log_range_keep_bfloat16_scales():
+    # activations() spans 1e-4..1e2 between rows (1e6x): a log byte would coarsen the smallest rows' steps.
+    message = wire.encode_float(activations(), "int8")
+    assert message.row_scale_bf16 and not message.row_scale_log
+    assert wire.encode_float(closer_activations(), "int8").row_scale_log
+
+
+def test_bf16_scales_round_as_torch_rounds():
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.cat([torch.rand(1000, generator=generator) * 10.0 ** torch.randint(-30, 30, (1000,)), torch.zeros(1)])
+    exact = torch.cat([exact, (exact.view(torch.int32) | 0x8000).view(torch.float32)])  # ties and near-ties
+    for chunk in exact.split(5):
+        sent, _ = scale_forms.pack(chunk.numpy())
+        assert np.array_equal(sent, chunk.to(torch.bfloat16).float().numpy())
 
 
 def test_int4_packs_two_numbers_per_byte_low_nibble_first():
@@ -129,7 +184,17 @@ def test_unknown_codec_and_non_finite_input_are_refused_by_the_sender():
 
 
 def quantized_message() -> wire.Tensor:
-    return wire.encode_float(activations(), "int8+zstd")
+    """int8+zstd with bfloat16 scales (rows spanning more than the log form's range); tests may swap in the log form."""
+    message = wire.encode_float(activations(), "int8+zstd")
+    assert message.row_scale_bf16
+    return message
+
+
+def with_log_scales(message: wire.Tensor, codes: bytes | None = None, base: float | None = None) -> None:
+    log = wire.encode_float(closer_activations(), "int8")
+    message.ClearField("row_scale_bf16")
+    message.row_scale_log = log.row_scale_log if codes is None else codes
+    message.row_scale_log_base = log.row_scale_log_base if base is None else base
 
 
 @pytest.mark.parametrize(
@@ -139,7 +204,17 @@ def quantized_message() -> wire.Tensor:
         (lambda m: setattr(m, "row_scale_bf16", m.row_scale_bf16[:-1]), "31 bytes; bfloat16 scales take 2 each"),
         (lambda m: setattr(m, "row_scale_bf16", b"\xc0\x7f" + m.row_scale_bf16[2:]), "negative, NaN or Inf"),
         (lambda m: setattr(m, "row_scale_bf16", b"\x80\xbf" + m.row_scale_bf16[2:]), "negative, NaN or Inf"),
-        (lambda m: m.row_scale.extend([1.0] * ROWS), "both row_scale and row_scale_bf16"),
+        (lambda m: m.row_scale.extend([1.0] * ROWS), "carries row_scale and row_scale_bf16"),
+        (lambda m: with_log_scales(m, codes=bytes(ROWS - 1)), "row_scale_log has 15 entries"),
+        (lambda m: with_log_scales(m, base=0.0), "row_scale_log_base is 0.0; it must be finite and > 0"),
+        (lambda m: with_log_scales(m, base=-1.0), "row_scale_log_base is -1.0"),
+        (lambda m: with_log_scales(m, base=math.nan), "row_scale_log_base is nan"),
+        (
+            lambda m: with_log_scales(m, base=3e38, codes=bytes([255] * ROWS)),
+            "row_scale_log holds a negative, NaN or Inf",
+        ),
+        (lambda m: setattr(m, "row_scale_log_base", 1.0), "row_scale_log_base is set without row_scale_log"),
+        (lambda m: setattr(m, "row_scale_log", bytes(ROWS)), "carries row_scale_bf16 and row_scale_log"),
         (lambda m: setattr(m, "data", b"not zstd at all"), "not a zstd frame"),
         (lambda m: setattr(m, "data", m.data[:-4]), "does not decompress|decompresses to"),
         (lambda m: m.shape.__setitem__(1, WIDTH - 1), "declares 4096 bytes but the shape needs 4080"),
@@ -179,12 +254,23 @@ def test_a_zstd_bomb_cannot_allocate_past_the_limit():
     data=st.binary(max_size=256),
     compression=st.integers(0, 3),
     scales=st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), max_size=4),
+    log_scales=st.binary(max_size=6),
+    log_base=st.floats(allow_nan=True, allow_infinity=True, width=32),
     packet_sizes=st.lists(st.integers(0, 300), max_size=4),
 )
-def test_fuzzed_messages_decode_or_raise_wire_error(dtype, shape, data, compression, scales, packet_sizes):
+def test_fuzzed_messages_decode_or_raise_wire_error(
+    dtype, shape, data, compression, scales, log_scales, log_base, packet_sizes
+):
     """Any message at all: decoding either succeeds or raises WireError, never anything else."""
     message = wire.Tensor(
-        dtype=dtype, shape=shape, data=data, compression=compression, row_scale=scales, packet_sizes=packet_sizes
+        dtype=dtype,
+        shape=shape,
+        data=data,
+        compression=compression,
+        row_scale=scales,
+        row_scale_log=log_scales,
+        row_scale_log_base=log_base,
+        packet_sizes=packet_sizes,
     )
     for decode in (wire.decode, wire.decode_float, wire.video_packets):
         with contextlib.suppress(wire.WireError):
@@ -207,11 +293,13 @@ def test_fuzzed_floats_round_trip_with_bounded_error(rows, width, codec, scale, 
         ).reshape(rows, width)
         * scale
     )
-    decoded = wire.decode_float(wire.encode_float(values, codec))
+    message = wire.encode_float(values, codec)
+    decoded = wire.decode_float(message)
     row_max = values.abs().amax(dim=1, keepdim=True) if rows else values
-    # Half a step of the coarsest codec (int4: 7 levels of the row's max) with its scale rounded to bfloat16 (up
-    # to 2^-9 larger: a hair past 1/14 of the max), and e4m3's 2^-4 relative error.
-    assert bool(((decoded - values).abs() <= row_max * (0.5 / 7) * (1 + 2**-8) + 1e-30).all())
+    # Half a step of the coarsest codec (int4: 7 levels of the row's max) with its scale as the receiver reads it
+    # (a hair past 1/14 of the max), and e4m3's 2^-4 relative error.
+    slack = SCALE_SLACK["log" if message.row_scale_log else "bf16"]
+    assert bool(((decoded - values).abs() <= row_max * (0.5 / 7) * slack + 1e-30).all())
 
 
 def test_int4_is_only_reached_through_encode_float_and_counts_its_elements_exactly():

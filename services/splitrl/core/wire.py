@@ -2,7 +2,8 @@
 
 A `splitrl.v1.Tensor` holds a dtype, a shape and the elements as row-major,
 little-endian bytes, optionally zstd-compressed, and for quantized tensors one
-scale per row (bfloat16 as splitrl sends them, or float32). `encode` builds one from a torch tensor or numpy array;
+scale per row (bfloat16 or one log-coded byte as splitrl sends them, or float32:
+splitrl.core.scale_forms). `encode` builds one from a torch tensor or numpy array;
 `encode_float` puts a float tensor on the wire with a `FloatCodec` (bf16, int8,
 int4, fp8, each optionally +zstd). `decode` checks every invariant before it
 trusts the bytes and raises `WireError` (a ValueError) naming the mismatch;
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 import zstandard
 
+from splitrl.core import scale_forms
 from splitrl.core.config import FloatCodec
 from splitrl.v1 import tensor_pb2
 
@@ -194,8 +196,10 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
 
     bf16 rounds to bfloat16. int8, int4 and fp8 scale each row (outermost dimension) so its largest
     magnitude becomes 127 (int8, rounded), 7 (int4, rounded; packed two per byte) or 448 (float8
-    e4m3), and send the scales as bfloat16 `row_scale_bf16` (each element is quantized against its row's
-    scale as rounded, so rounding costs no accuracy beyond the quantization's); an all-zero row gets scale 0.
+    e4m3), and send the scales in bfloat16 (`row_scale_bf16`) or, for more than a few rows, in one byte each
+    (`row_scale_log`; splitrl.core.scale_forms). Each element is quantized against its row's scale as the
+    receiver reads it, so rounding the scale costs no accuracy beyond the quantization's; an all-zero row
+    gets scale 0.
     "+zstd" compresses the elements where that makes them smaller. NaN or Inf cannot be quantized: WireError.
     """
     import torch
@@ -213,9 +217,10 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
     if not bool(torch.isfinite(rows).all()):
         raise WireError(f"cannot quantize a tensor holding NaN or Inf with codec {codec!r}")
     limit = _QUANTIZED_LIMIT[dtype]
-    scale = rows.abs().amax(dim=1) / limit if rows.numel() else torch.zeros(rows.shape[0])
-    scale = scale.to(torch.bfloat16)
-    scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale)).float()[:, None]
+    exact = rows.abs().amax(dim=1) / limit if rows.numel() else torch.zeros(rows.shape[0])
+    sent, scale_fields = scale_forms.pack(exact.numpy())
+    scale = torch.from_numpy(sent)
+    scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
     if dtype == DType.DTYPE_FLOAT8_E4M3FN:
         quantized = scaled.clamp(-limit, limit).to(torch.float8_e4m3fn)
     else:
@@ -224,7 +229,8 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
         message = _message(dtype, value.shape, _pack_int4(quantized), compress)
     else:
         message = encode(quantized.reshape(value.shape), compress=compress)
-    message.row_scale_bf16 = scale.view(torch.int16).numpy().tobytes()  # little-endian: checked at import
+    for field, value in scale_fields.items():
+        setattr(message, field, value)
     return message
 
 
@@ -334,13 +340,23 @@ def validate(
         _check_bool(message.data)
 
 
+#: The fields that can carry a quantized tensor's row scales (splitrl.core.scale_forms): one at most.
+_SCALE_FIELDS = ("row_scale", "row_scale_bf16", "row_scale_log")
+
+
 def _check_row_scale(message: Tensor, shape: list[int]) -> None:
-    if message.row_scale and message.row_scale_bf16:
-        raise WireError("tensor carries both row_scale and row_scale_bf16; send one")
-    field = "row_scale" if message.row_scale else "row_scale_bf16"
-    scales = row_scales(message)
-    if scales is None:
+    present = [field for field in _SCALE_FIELDS if getattr(message, field)]
+    if len(present) > 1:
+        raise WireError(f"tensor carries {' and '.join(present)}; send one")
+    if message.row_scale_log_base and not message.row_scale_log:
+        raise WireError("row_scale_log_base is set without row_scale_log")
+    if not present:
         return
+    field = present[0]
+    if field == "row_scale_log" and not (math.isfinite(message.row_scale_log_base) and message.row_scale_log_base > 0):
+        raise WireError(f"row_scale_log_base is {message.row_scale_log_base}; it must be finite and > 0")
+    scales = row_scales(message)
+    assert scales is not None
     if message.dtype not in _QUANTIZED_LIMIT:
         raise WireError(f"{field} is set on a {DType.Name(message.dtype)} tensor; only INT8, INT4 and FLOAT8 take it")
     if len(message.row_scale_bf16) % 2:
@@ -352,14 +368,15 @@ def _check_row_scale(message: Tensor, shape: list[int]) -> None:
 
 
 def row_scales(message: Tensor) -> np.ndarray | None:
-    """A quantized tensor's per-row scales as float32 (from `row_scale` or `row_scale_bf16`, without torch),
-    or None if it carries none. Unvalidated: `validate` checks them."""
+    """A quantized tensor's per-row scales as float32 (from whichever form it carries, without torch), or None
+    if it carries none. Unvalidated: `validate` checks them."""
     if message.row_scale:
         return np.asarray(message.row_scale, dtype=np.float32)
-    if not message.row_scale_bf16:
-        return None
-    raw = np.frombuffer(message.row_scale_bf16[: len(message.row_scale_bf16) // 2 * 2], dtype="<u2")
-    return (raw.astype(np.uint32) << 16).view(np.float32)  # bfloat16 is float32's upper half
+    if message.row_scale_bf16:
+        return scale_forms.from_bf16(message.row_scale_bf16)
+    if message.row_scale_log:
+        return scale_forms.from_log(message.row_scale_log, message.row_scale_log_base)
+    return None
 
 
 def _check_video(message: Tensor, shape: list[int]) -> None:

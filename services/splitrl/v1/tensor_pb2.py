@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17splitrl/v1/tensor.proto\x12\nsplitrl.v1\"\xb6\x01\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.splitrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12,\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x17.splitrl.v1.Compression\x12\x11\n\trow_scale\x18\x05 \x03(\x02\x12\x16\n\x0erow_scale_bf16\x18\x07 \x01(\x0c\x12\x14\n\x0cpacket_sizes\x18\x06 \x03(\r*\xc3\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x01\x12\x11\n\rDTYPE_FLOAT32\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0e\n\nDTYPE_INT8\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x11\n\rDTYPE_FLOAT16\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x12\x17\n\x13\x44TYPE_FLOAT8_E4M3FN\x10\x08\x12\x0e\n\nDTYPE_INT4\x10\t*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x01\x12\x14\n\x10\x43OMPRESSION_H264\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17splitrl/v1/tensor.proto\x12\nsplitrl.v1\"\xe9\x01\n\x06Tensor\x12 \n\x05\x64type\x18\x01 \x01(\x0e\x32\x11.splitrl.v1.DType\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12,\n\x0b\x63ompression\x18\x04 \x01(\x0e\x32\x17.splitrl.v1.Compression\x12\x11\n\trow_scale\x18\x05 \x03(\x02\x12\x16\n\x0erow_scale_bf16\x18\x07 \x01(\x0c\x12\x15\n\rrow_scale_log\x18\x08 \x01(\x0c\x12\x1a\n\x12row_scale_log_base\x18\t \x01(\x02\x12\x14\n\x0cpacket_sizes\x18\x06 \x03(\r*\xc3\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x01\x12\x11\n\rDTYPE_FLOAT32\x10\x02\x12\x0f\n\x0b\x44TYPE_UINT8\x10\x03\x12\x0e\n\nDTYPE_INT8\x10\x04\x12\x0f\n\x0b\x44TYPE_INT64\x10\x05\x12\x11\n\rDTYPE_FLOAT16\x10\x06\x12\x0e\n\nDTYPE_BOOL\x10\x07\x12\x17\n\x13\x44TYPE_FLOAT8_E4M3FN\x10\x08\x12\x0e\n\nDTYPE_INT4\x10\t*O\n\x0b\x43ompression\x12\x14\n\x10\x43OMPRESSION_NONE\x10\x00\x12\x14\n\x10\x43OMPRESSION_ZSTD\x10\x01\x12\x14\n\x10\x43OMPRESSION_H264\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splitrl.v1.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DTYPE']._serialized_start=225
-  _globals['_DTYPE']._serialized_end=420
-  _globals['_COMPRESSION']._serialized_start=422
-  _globals['_COMPRESSION']._serialized_end=501
+  _globals['_DTYPE']._serialized_start=276
+  _globals['_DTYPE']._serialized_end=471
+  _globals['_COMPRESSION']._serialized_start=473
+  _globals['_COMPRESSION']._serialized_end=552
   _globals['_TENSOR']._serialized_start=40
-  _globals['_TENSOR']._serialized_end=222
+  _globals['_TENSOR']._serialized_end=273
 # @@protoc_insertion_point(module_scope)

@@ -40,13 +40,15 @@ COMPRESSION_ZSTD: Compression
 COMPRESSION_H264: Compression
 
 class Tensor(_message.Message):
-    __slots__ = ("dtype", "shape", "data", "compression", "row_scale", "row_scale_bf16", "packet_sizes")
+    __slots__ = ("dtype", "shape", "data", "compression", "row_scale", "row_scale_bf16", "row_scale_log", "row_scale_log_base", "packet_sizes")
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     COMPRESSION_FIELD_NUMBER: _ClassVar[int]
     ROW_SCALE_FIELD_NUMBER: _ClassVar[int]
     ROW_SCALE_BF16_FIELD_NUMBER: _ClassVar[int]
+    ROW_SCALE_LOG_FIELD_NUMBER: _ClassVar[int]
+    ROW_SCALE_LOG_BASE_FIELD_NUMBER: _ClassVar[int]
     PACKET_SIZES_FIELD_NUMBER: _ClassVar[int]
     dtype: DType
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -54,5 +56,7 @@ class Tensor(_message.Message):
     compression: Compression
     row_scale: _containers.RepeatedScalarFieldContainer[float]
     row_scale_bf16: bytes
+    row_scale_log: bytes
+    row_scale_log_base: float
     packet_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scale: _Optional[_Iterable[float]] = ..., row_scale_bf16: _Optional[bytes] = ..., packet_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    def __init__(self, dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., compression: _Optional[_Union[Compression, str]] = ..., row_scale: _Optional[_Iterable[float]] = ..., row_scale_bf16: _Optional[bytes] = ..., row_scale_log: _Optional[bytes] = ..., row_scale_log_base: _Optional[float] = ..., packet_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
