@@ -71,27 +71,55 @@ def test_quantized_codecs_send_one_byte_per_number_plus_a_scale_per_row(codec):
     assert message.ByteSize() < 0.52 * bf16.ByteSize()
 
 
-@pytest.mark.parametrize(("rows", "form", "scale_bytes"), [(4, "bf16", 2 * 4), (5, "bf16", 2 * 5), (6, "log", 6 + 4)])
-def test_scales_cross_in_whichever_form_is_smaller(rows, form, scale_bytes):
-    message = wire.encode_float(torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows)), "int4")
-    carried = len(message.row_scale_bf16) if form == "bf16" else len(message.row_scale_log) + 4  # float32 base
-    assert (bool(message.row_scale_bf16), bool(message.row_scale_log)) == (form == "bf16", form == "log")
-    assert carried == scale_bytes
+@pytest.mark.parametrize("rows", [4, 5, 6, 64])
+def test_scales_cross_in_whichever_form_is_smaller(rows):
+    values = torch.randn(rows, 32, generator=torch.Generator().manual_seed(rows))
+    message = wire.encode_float(values, "int4")
+    as_bf16 = wire.Tensor()
+    as_bf16.CopyFrom(message)
+    as_bf16.ClearField("row_scale_log")
+    as_bf16.ClearField("row_scale_log_base")
+    as_bf16.row_scale_bf16 = (
+        torch.from_numpy(wire.row_scales(message)).to(torch.bfloat16).view(torch.int16).numpy().tobytes()
+    )
+    assert bool(message.row_scale_log) == (rows > scale_forms.LOG_MIN_ROWS)
+    assert message.ByteSize() <= as_bf16.ByteSize()
+    if rows > scale_forms.LOG_MIN_ROWS:
+        assert message.ByteSize() <= as_bf16.ByteSize() - rows + 5  # one byte a row, one float32 base
 
 
 def test_log_scales_round_up_within_a_16th_of_an_octave():
-    exact = np.array([0.0, 3.0, 1.0, 2.5e-3, 3.0 / 2 ** (254 / 16) * 1.01, 3.0 / 2 ** (254 / 16)], dtype=np.float32)
+    floor = 3.0 / 2 ** (254 / 16)  # the smallest scale the form names below a top of 3
+    exact = np.array([0.0, 3.0, 1.0, 2.5e-3, floor * 1.01, floor * 1.0001], dtype=np.float32)
     sent, fields = scale_forms.pack(exact)
     codes = np.frombuffer(fields["row_scale_log"], dtype=np.uint8)
     assert codes[0] == 0 and sent[0] == 0  # an all-zero row
-    assert codes[1] == scale_forms.LOG_MAX_CODE and sent[1] == pytest.approx(3.0, rel=1e-6)  # the largest row
-    assert np.all(sent[2:] >= exact[2:] * (1 - 1e-6)) and np.all(sent[2:] <= exact[2:] * 2 ** (1 / 16) * (1 + 1e-6))
-    assert codes[5] == 1  # the smallest scale the form can name
+    assert codes[1] == scale_forms.LOG_MAX_CODE and codes[5] == 2  # just above the floor: the next code up
+    assert np.all(sent >= exact) and np.all(sent[1:] <= exact[1:] * 2 ** (1 / 16) * (1 + 1e-6))
     assert np.array_equal(scale_forms.from_log(fields["row_scale_log"], fields["row_scale_log_base"]), sent)
-    huge, fields = scale_forms.pack(np.array([7e20, 1e20, 1e19, 1e18, 1e17, 1e17], dtype=np.float32))
-    assert "row_scale_log" in fields and np.isfinite(huge).all() and huge.max() == pytest.approx(7e20, rel=1e-6)
-    _, fields = scale_forms.pack(np.full(8, 1e-44, dtype=np.float32))  # subnormal: below any base the form has
+    _, fields = scale_forms.pack(np.full(8, 1e-40, dtype=np.float32))  # too small for a normal float32 base
     assert "row_scale_bf16" in fields
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    top=st.floats(1e-27, 1e36).map(np.float32),  # any row above 2**-126 * 2**(254/16): a normal base
+    ratios=st.lists(st.floats(2 ** -(254 / 16) * 1.001, 1.0).map(np.float32), min_size=6, max_size=40),
+)
+def test_fuzzed_log_scales_are_never_below_their_rows_nor_a_16th_octave_above(top, ratios):
+    exact = (np.float32(top) * np.array(ratios, dtype=np.float32)).astype(np.float32)
+    sent, fields = scale_forms.pack(exact)
+    assert "row_scale_log" in fields  # every row within the form's range, the base a normal float32
+    assert np.all(sent >= exact)  # the quantizer's clamp never has to cut a row's largest element
+    assert np.all(sent <= exact.astype(np.float64) * 2 ** (1 / 16) * (1 + 1e-6))
+
+
+def test_a_forged_scale_length_is_refused_before_the_scales_are_decoded():
+    message = wire.encode_float(torch.ones(2, 4), "int8")
+    message.ClearField("row_scale_bf16")
+    message.row_scale_log, message.row_scale_log_base = bytes(8 * 1024 * 1024), 1.0  # 8 MiB of codes for 2 rows
+    with pytest.raises(wire.WireError, match="row_scale_log has 8388608 entries for shape \\[2, 4\\]"):
+        wire.decode_float(message)
 
 
 def test_rows_beyond_the_log_range_keep_bfloat16_scales():

@@ -74,14 +74,14 @@ def header_round_trip(first_step_ids: list[int], versions: list[int]) -> tuple[l
 
 def test_step_ids_and_versions_arrive_as_sent_though_most_messages_leave_them_out():
     prefix = 3_000_000 << 40  # a real edge's ids are ~2**62
-    ids = [prefix, prefix + 8, prefix + 16, prefix + 20, prefix + 36, prefix + 4, prefix + 5]  # interleaved streams
-    versions = [0, 0, 7, 7, 7, 300, 0]
+    ids = [prefix, prefix + 8, prefix + 16, prefix + 20, prefix + 36, prefix + 4, prefix + 5, prefix + 5]
+    versions = [0, 0, 7, 7, 7, 300, 0, 0]
     arrived_ids, arrived_versions, sizes = header_round_trip(ids, versions)
     assert (arrived_ids, arrived_versions) == (ids, versions)
     assert sizes[0] == 10  # the stream's first message names its id in full (tag + 9-byte varint)
     assert sizes[1] == 2 and sizes[3] == 2  # later ones the advance, and no unchanged version
     assert sizes[2] == 4  # the version changed: it crosses once
-    assert sizes[5] > 10  # an id below the previous one crosses in full (ids only grow on a real edge)
+    assert sizes[5] > 10 and sizes[7] == 10  # an id that does not grow crosses in full (ids grow on a real edge)
 
 
 def test_a_stream_that_starts_with_an_advance_or_names_no_step_is_refused():
@@ -91,7 +91,11 @@ def test_a_stream_that_starts_with_an_advance_or_names_no_step_is_refused():
         StepIdCursor().get(rollout_pb2.ActRequest())
     cursor = StepIdCursor()
     assert cursor.get(rollout_pb2.ActRequest(first_step_id=0)) == 0  # id 0, explicitly set, is an id
-    assert cursor.get(rollout_pb2.ActRequest(step_id_advance=0)) == 0
+    with pytest.raises(BadRequest, match="step_id_advance is 0; step ids only grow"):
+        cursor.get(rollout_pb2.ActRequest(step_id_advance=0))
+    assert cursor.get(rollout_pb2.ActRequest(first_step_id=2**63 - 2)) == 2**63 - 2
+    with pytest.raises(BadRequest, match="is not below 2\\*\\*63"):  # a sum past uint64 is refused, not an error
+        cursor.get(rollout_pb2.ActRequest(step_id_advance=2**64 - 1))
 
 
 def test_an_unchanged_policy_version_is_left_out_and_read_back():

@@ -1,8 +1,8 @@
 """The state both ends of a lockstep rollout stream keep: environment -> edge-encoder (EnvStep) and
 edge-encoder -> inference (ActRequest).
 
-Invariants of one stream, checked on every message before anything changes (a refused message leaves the
-state as it was, and the caller answers INVALID_ARGUMENT):
+Invariants of one stream, checked on every message (a refused message is answered INVALID_ARGUMENT and ends
+its stream, so no state is read after one):
 - message k of the stream carries `sequence` k (one message in flight, answered before the next);
 - the env count N is fixed by the stream's first message, and is never 0;
 - every per-env field has exactly N entries, and rewards are finite; an episode-end field (terminated,
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from splitrl.core.rpc import BadRequest
+from splitrl.core.step_ids import ID_LIMIT
 
 #: Per-env bool fields a sender leaves empty when every entry is False (most steps: no episode ends).
 EPISODE_END_FIELDS = ("terminated", "truncated")
@@ -99,22 +100,28 @@ class StepIdCursor:
         self.first_step_id: int | None = None  # of the stream's previous message
 
     def put(self, request: Any, first_step_id: int) -> None:
-        """Sender: set `request`'s first_step for `first_step_id`."""
+        """Sender: set `request`'s first_step for `first_step_id` (in full where it does not grow)."""
         previous, self.first_step_id = self.first_step_id, first_step_id
-        if previous is None or first_step_id < previous:
+        if previous is None or first_step_id <= previous:
             request.first_step_id = first_step_id
         else:
             request.step_id_advance = first_step_id - previous
 
     def get(self, request: Any) -> int:
-        """Receiver: `request`'s row-0 step id. BadRequest if it names none, or an advance on a first message."""
+        """Receiver: `request`'s row-0 step id. BadRequest if it names none, an advance on a first message, an
+        advance of 0 (ids only grow) or an id past ID_LIMIT."""
         kind = request.WhichOneof("first_step")
         if kind is None:
             raise BadRequest("ActRequest sets neither first_step_id nor step_id_advance")
-        if kind == "step_id_advance" and self.first_step_id is None:
-            raise BadRequest("a stream's first ActRequest sets first_step_id, not step_id_advance")
         if kind == "first_step_id":
-            self.first_step_id = request.first_step_id
+            first_step_id = request.first_step_id
+        elif self.first_step_id is None:
+            raise BadRequest("a stream's first ActRequest sets first_step_id, not step_id_advance")
+        elif request.step_id_advance == 0:
+            raise BadRequest("ActRequest.step_id_advance is 0; step ids only grow")
         else:
-            self.first_step_id = (self.first_step_id or 0) + request.step_id_advance
-        return self.first_step_id
+            first_step_id = self.first_step_id + request.step_id_advance
+        if first_step_id >= ID_LIMIT:
+            raise BadRequest(f"ActRequest's first step id {first_step_id} is not below 2**63")
+        self.first_step_id = first_step_id
+        return first_step_id

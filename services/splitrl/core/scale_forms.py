@@ -5,9 +5,9 @@ A row's scale is float32, finite and >= 0 (0: an all-zero row). Three forms cros
 - `row_scale_bf16`: bfloat16, 2 bytes per row, rounded to nearest (relative error <= 2**-9);
 - `row_scale_log` + `row_scale_log_base`: 1 byte per row and one float32, each scale rounded *up* to
   base * 2**((k - 1) / LOG_STEPS_PER_OCTAVE) (steps at most 4.4% coarser than the row's own).
-`pack` picks the smaller of the last two: bf16 for a few rows (an activation of one step per env), the log form
-for more than LOG_MIN_ROWS (a training minibatch), where it saves ~1 byte per row, unless the rows' nonzero
-scales span more than the log form's range (2**(254/16), ~60,000x): then bf16, so no row's step is coarser.
+`pack` picks the smaller of the last two: bf16 for up to LOG_MIN_ROWS rows (e.g. one step of a few envs), the
+log form for more (e.g. a training minibatch), where it saves ~1 byte per row, unless the rows' nonzero scales
+span more than the log form's range (2**(254/16), ~60,000x): then bf16, so no row's step grows more than 4.4%.
 """
 
 from __future__ import annotations
@@ -28,10 +28,9 @@ def pack(scales: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     """(the scales as the receiver will read them, float32; the Tensor fields that carry them) for float32
     `scales` [rows], finite and >= 0. Quantize against the first: that is what the receiver multiplies by."""
     scales = np.asarray(scales, dtype=np.float32)
-    if scales.size > LOG_MIN_ROWS:
-        codes, base = _log_codes(scales)
-        if not np.any((scales > 0) & (scales < base)):  # every row within the log form's range
-            return from_log(codes, base), {"row_scale_log": codes.tobytes(), "row_scale_log_base": base}
+    if scales.size > LOG_MIN_ROWS and (log := _log_form(scales)) is not None:
+        codes, base, sent = log
+        return sent, {"row_scale_log": codes.tobytes(), "row_scale_log_base": base}
     raw = _bf16_bits(scales)
     return _from_bf16(raw), {"row_scale_bf16": raw.tobytes()}
 
@@ -41,27 +40,40 @@ def from_bf16(data: bytes) -> np.ndarray:
     return _from_bf16(np.frombuffer(data[: len(data) // 2 * 2], dtype="<u2"))
 
 
-def from_log(codes: np.ndarray | bytes, base: float) -> np.ndarray:
+def from_log(codes: bytes, base: float) -> np.ndarray:
     """float32 scales from `row_scale_log` codes and `row_scale_log_base` (inf where a forged base overflows)."""
-    codes = np.frombuffer(codes, dtype=np.uint8) if isinstance(codes, bytes) else codes
-    exponents = (codes.astype(np.float64) - 1) / LOG_STEPS_PER_OCTAVE
+    return _log_table(base)[np.frombuffer(codes, dtype=np.uint8)]  # type: ignore[no-any-return]
+
+
+def _log_table(base: float) -> np.ndarray:
+    """float32 [256]: the scale each code names with `base` (code 0 names 0)."""
+    exponents = (np.arange(LOG_MAX_CODE + 1, dtype=np.float64) - 1) / LOG_STEPS_PER_OCTAVE
     with np.errstate(over="ignore"):
-        values = np.where(codes == 0, 0.0, np.float64(np.float32(base)) * np.exp2(exponents)).astype(np.float32)
-    return values  # type: ignore[no-any-return]
+        table = (np.float64(np.float32(base)) * np.exp2(exponents)).astype(np.float32)
+    table[0] = 0.0
+    return table
 
 
-def _log_codes(scales: np.ndarray) -> tuple[np.ndarray, float]:
-    """The smallest code per row whose value is >= its scale, with the base that gives the largest code 255."""
-    top = float(scales.max())
+def _log_form(scales: np.ndarray) -> tuple[np.ndarray, float, np.ndarray] | None:
+    """(codes, base, the scales they name) with each nonzero scale rounded up to the next code's value, or None
+    where a row lies below the form's range (its step would grow more than 2**(1/16)) or the base would be
+    subnormal (too few bits for the guarantee)."""
+    top = np.float32(scales.max())
     if top == 0:
-        return np.zeros(scales.shape, dtype=np.uint8), 1.0  # every row is zero; the base must still be > 0
-    base = float(np.float32(top / 2 ** ((LOG_MAX_CODE - 1) / LOG_STEPS_PER_OCTAVE)))
-    if base == 0:  # a subnormal top: no base below it (pack then sends bf16), but the base must stay > 0
-        base = float(np.finfo(np.float32).tiny)
-    with np.errstate(divide="ignore"):
-        steps = np.ceil(np.log2(scales.astype(np.float64) / base) * LOG_STEPS_PER_OCTAVE)
-    codes = 1 + np.clip(np.nan_to_num(steps, neginf=0.0), 0, LOG_MAX_CODE - 1)
-    return np.where(scales > 0, codes, 0).astype(np.uint8), base
+        return np.zeros(scales.shape, dtype=np.uint8), 1.0, np.zeros(scales.shape, dtype=np.float32)
+    base = np.float32(top / 2 ** ((LOG_MAX_CODE - 1) / LOG_STEPS_PER_OCTAVE))
+    if base < np.finfo(np.float32).tiny or np.any((scales > 0) & (scales < base)):
+        return None
+    table = _log_table(float(base))
+    for _ in range(8):  # the base was rounded to float32: step it up until the top code covers the top row
+        if table[LOG_MAX_CODE] >= top:
+            break
+        base = np.nextafter(base, np.float32(np.inf))
+        table = _log_table(float(base))
+    else:
+        return None
+    codes = np.where(scales > 0, 1 + np.searchsorted(table[1:], scales, side="left"), 0).astype(np.uint8)
+    return codes, float(base), table[codes]
 
 
 def _bf16_bits(scales: np.ndarray) -> np.ndarray:

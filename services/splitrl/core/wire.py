@@ -353,16 +353,18 @@ def _check_row_scale(message: Tensor, shape: list[int]) -> None:
     if not present:
         return
     field = present[0]
-    if field == "row_scale_log" and not (math.isfinite(message.row_scale_log_base) and message.row_scale_log_base > 0):
-        raise WireError(f"row_scale_log_base is {message.row_scale_log_base}; it must be finite and > 0")
-    scales = row_scales(message)
-    assert scales is not None
     if message.dtype not in _QUANTIZED_LIMIT:
         raise WireError(f"{field} is set on a {DType.Name(message.dtype)} tensor; only INT8, INT4 and FLOAT8 take it")
     if len(message.row_scale_bf16) % 2:
         raise WireError(f"row_scale_bf16 is {len(message.row_scale_bf16)} bytes; bfloat16 scales take 2 each")
-    if not shape or len(scales) != shape[0]:
-        raise WireError(f"{field} has {len(scales)} entries for shape {shape}; expected one per row")
+    entries = len(message.row_scale) or len(message.row_scale_bf16) // 2 or len(message.row_scale_log)
+    if not shape or entries != shape[0]:  # before decoding them: a forged length allocates nothing
+        raise WireError(f"{field} has {entries} entries for shape {shape}; expected one per row")
+    base = message.row_scale_log_base
+    if field == "row_scale_log" and not (math.isfinite(base) and base > 0):
+        raise WireError(f"row_scale_log_base is {base}; it must be finite and > 0")
+    scales = row_scales(message)
+    assert scales is not None
     if not (np.isfinite(scales).all() and (scales >= 0).all()):
         raise WireError(f"{field} holds a negative, NaN or Inf scale")
 
