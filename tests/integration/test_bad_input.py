@@ -151,6 +151,22 @@ async def test_each_malformed_act_request_is_refused_clearly(cloud_side, mutate,
     await assert_still_serves(channel)
 
 
+@pytest.mark.parametrize(
+    ("advance", "fragment"), [(2**64 - 1, "is not below 2**63"), (0, "step_id_advance is 0; step ids only grow")]
+)
+async def test_a_bad_step_id_advance_after_a_good_message_is_refused_clearly(cloud_side, advance, fragment):
+    _, _, channel = cloud_side
+    call = rollout_pb2_grpc.InferenceStub(channel).Act(metadata=ACTIVATION)
+    await call.write(act_request(sequence=0))
+    await call.read()
+    second = act_request(sequence=1)
+    second.step_id_advance = advance
+    await call.write(second)
+    details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, call.read())
+    assert fragment in details
+    await assert_still_serves(channel)
+
+
 async def test_stream_with_the_wrong_codec_is_refused(cloud_side):
     _, _, channel = cloud_side
     details = await expect_status(
