@@ -10,6 +10,7 @@ of them; split-accumulate moves gradients down for `encoder_fraction` of them on
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,14 @@ LEARNER = {
 TRAINED_SAMPLES = LEARNER["max_updates"] * LEARNER["chunks_per_update"] * UNROLL
 #: Bytes the talk's naive split moves per trained sample: activations up + gradients down, every epoch, bf16.
 SPLIT_BYTES_PER_SAMPLE = 2 * LEARNER["epochs"] * WIDTH * 2
+
+
+async def split_stack(*, width: int = WIDTH, learner: dict | None = None, **edge: Any) -> Stack:
+    """A split stack of 2 envs whose learner trains `learner` (LEARNER: 2 updates) and stops; `edge`: the
+    edge-encoder's settings."""
+    return await Stack.start(
+        "split", num_envs=2, steps=0, unroll_length=UNROLL, width=width, learner=learner or LEARNER, edge=edge
+    )
 
 
 @pytest.fixture(params=["cloud", "split", "split-accumulate"])
@@ -76,15 +85,7 @@ def test_training_link_counts_agree_on_both_ends(trained):
 
 async def test_steps_the_edge_no_longer_holds_are_counted_and_training_goes_on():
     # A store of 8 steps cannot hold a 4-chunk x 8-step batch: most ids are evicted before the learner asks.
-    stack = await Stack.start(
-        "split",
-        num_envs=2,
-        steps=0,
-        unroll_length=UNROLL,
-        width=256,
-        learner=LEARNER,
-        edge={"observation_store_size": 8},
-    )
+    stack = await split_stack(width=256, observation_store_size=8)
     try:
         await stack.wait_learner_done()
         texts = stack.scrape()
@@ -117,15 +118,7 @@ async def test_learner_sends_priorities_to_a_prioritized_table():
 async def test_quantized_codecs_halve_the_naive_split_training_traffic_and_still_train_the_encoder():
     # int8 activations up and fp8 gradients down: one byte per number instead of bf16's two.
     learner = {**LEARNER, "gradient_codec": "fp8"}
-    stack = await Stack.start(
-        "split",
-        num_envs=2,
-        steps=0,
-        unroll_length=UNROLL,
-        width=WIDTH,
-        learner=learner,
-        edge={"activation_codec": "int8"},
-    )
+    stack = await split_stack(learner=learner, activation_codec="int8")
     try:
         await stack.wait_learner_done()
         texts = stack.scrape()
@@ -140,9 +133,7 @@ async def test_quantized_codecs_halve_the_naive_split_training_traffic_and_still
 
 async def test_an_encoder_fraction_cuts_the_naive_split_training_traffic_by_that_share():
     # 2 updates x 3 epochs x 32 rows = 192 draws at 0.5: the share sent is 0.5 +- 0.036 (one sd).
-    stack = await Stack.start(
-        "split", num_envs=2, steps=0, unroll_length=UNROLL, width=WIDTH, learner={**LEARNER, "encoder_fraction": 0.5}
-    )
+    stack = await split_stack(learner={**LEARNER, "encoder_fraction": 0.5})
     try:
         await stack.wait_learner_done()
         texts = stack.scrape()
@@ -155,15 +146,7 @@ async def test_an_encoder_fraction_cuts_the_naive_split_training_traffic_by_that
 
 async def test_an_edge_training_a_few_rows_per_pass_moves_the_same_bytes_and_steps_on_every_minibatch():
     # --encoder-rows-per-pass: the edge keeps no graph between activations and gradients; the wire is unchanged.
-    stack = await Stack.start(
-        "split",
-        num_envs=2,
-        steps=0,
-        unroll_length=UNROLL,
-        width=WIDTH,
-        learner=LEARNER,
-        edge={"encoder_rows_per_pass": 3},
-    )
+    stack = await split_stack(encoder_rows_per_pass=3)
     try:
         await stack.wait_learner_done()
         steps = LEARNER["max_updates"] * LEARNER["epochs"] * LEARNER["minibatches"]
