@@ -509,7 +509,7 @@ def decode_float(
     _info(message.dtype)  # an unknown dtype is reported as such
     # int8 and int4 are float encodings only with their scales (an empty batch has none to carry).
     scaled_int = message.dtype in (DType.DTYPE_INT8, DType.DTYPE_INT4) and (
-        row_scales(message) is not None or message.shape[:1] == [0]
+        any(getattr(message, field) for field in _SCALE_FIELDS) or message.shape[:1] == [0]  # present, not decoded
     )
     if message.dtype not in _FLOAT_DTYPES and not scaled_int:
         raise WireError(
