@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -114,13 +115,29 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
         assert " (mtls), metrics on" in (run_dir / "logs" / f"{name}.log").read_text(), name
 
 
+def output_once_stopped(up: subprocess.Popen, run_dir: Path, timeout_s: float) -> str:
+    """up's output once it exits; if it is still running after `timeout_s`, the test fails with what every
+    process of the run was doing (their stacks, dumped on SIGUSR1) and the end of each service's log."""
+    try:
+        return up.communicate(timeout=timeout_s)[0]
+    except subprocess.TimeoutExpired:
+        for pid in processes_mentioning(str(run_dir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+        up.kill()
+        output = up.communicate()[0]
+        logs = "".join(f"\n== {log.name}\n{log.read_text()[-6000:]}" for log in (run_dir / "logs").glob("*.log"))
+        pytest.fail(f"splitrl up still running {timeout_s:.0f} s after the signal; its output:\n{output}{logs}")
+
+
 def test_ctrl_c_stops_every_service(tmp_path):
     run_dir = tmp_path / "run"
     up = start_long_run(run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert len(processes_mentioning(str(run_dir))) >= 6  # up itself + five services
         up.send_signal(signal.SIGINT)
-        output, _ = up.communicate(timeout=90)
+        output = output_once_stopped(up, run_dir, timeout_s=90)
     finally:
         if up.poll() is None:
             up.kill()

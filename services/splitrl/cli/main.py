@@ -5,8 +5,10 @@ agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -271,6 +273,8 @@ def _certs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to stderr (a service's: its log)
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     serving = argv[1] if len(argv) > 1 and argv[0] == "serve" and argv[1] in SERVICES else None
     parser = build_parser(serving)
     args = parser.parse_args(argv)

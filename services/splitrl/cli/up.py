@@ -15,7 +15,6 @@ dies if this process is killed (PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from splitrl.run import files as run_dir_files
 from splitrl.run.launcher import GaveUp, StartFailed, Supervisor, serving_addresses, stop_all
 from splitrl.run.plan import instance_names, plan, prepare_tls
 from splitrl.run.settings import RunSettings
+from splitrl.run.stop_signal import StopSignal
 from splitrl.run.summary import build_summary, curve_point, extend_curve, shutdown_texts
 
 
@@ -57,52 +57,45 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
                 return None
         return plan(settings, run_dir, serving_addresses(supervisor.children), done_steps=steps)[name]
 
-    supervisor = Supervisor(
-        run_dir,
-        instance_names(settings),
-        settings_for,
-        max_restarts=settings.max_restarts,
-        start_timeout_s=settings.start_timeout_s,
-    )
-    # Set SIGINT explicitly: a shell starts background jobs with it ignored, and Ctrl-C (or a
-    # supervisor's SIGINT) must still stop the run cleanly.
-    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    previous_term = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    started = time.monotonic()
-    progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
-    tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
-    try:
-        prepare_tls(settings, run_dir)
-        supervisor.start_all()
+    with StopSignal() as stop:  # Ctrl-C or SIGTERM: a flag the loop below reads, see run.stop_signal
+        supervisor = Supervisor(
+            run_dir,
+            instance_names(settings),
+            settings_for,
+            max_restarts=settings.max_restarts,
+            start_timeout_s=settings.start_timeout_s,
+            sleep=stop.sleep,
+        )
         started = time.monotonic()
-        while not supervisor.environment_done():
-            supervisor.watch()
-            live = supervisor.live_texts()
-            texts = live + supervisor.retired_texts()
-            progress.update(texts, time.monotonic() - started, supervisor.restarts)
-            seconds = round(time.monotonic() - started, 3)
-            point = run_dir_files.shifted(curve_point(texts) | {"seconds": seconds}, offset)
-            if extend_curve(curve, point, run_dir) and tensorboard is not None:
-                tensorboard.add(point, texts, live, offset)
-            time.sleep(settings.progress_interval_s)
-        elapsed = time.monotonic() - started
-    except KeyboardInterrupt:
-        interrupted, elapsed = True, time.monotonic() - started
-        print("\ninterrupted: stopping services", file=sys.stderr)
-    except StartFailed as error:
-        print(f"splitrl up: {error}", file=sys.stderr)
-        start_failed, elapsed = True, time.monotonic() - started
-    except GaveUp as error:  # a service kept dying
-        print(f"splitrl up: {error}", file=sys.stderr)
-        died, elapsed = True, time.monotonic() - started
-    finally:
-        # A second Ctrl-C must not cut the clean-up short: children would linger and no summary be written.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        stop_all(supervisor.children)
-        progress.close()
-        signal.signal(signal.SIGINT, previous_int)
-        signal.signal(signal.SIGTERM, previous_term)
+        progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
+        tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
+        try:
+            prepare_tls(settings, run_dir)
+            supervisor.start_all()
+            started = time.monotonic()
+            while not supervisor.environment_done():
+                supervisor.watch()
+                live = supervisor.live_texts()
+                texts = live + supervisor.retired_texts()
+                progress.update(texts, time.monotonic() - started, supervisor.restarts)
+                seconds = round(time.monotonic() - started, 3)
+                point = run_dir_files.shifted(curve_point(texts) | {"seconds": seconds}, offset)
+                if extend_curve(curve, point, run_dir) and tensorboard is not None:
+                    tensorboard.add(point, texts, live, offset)
+                stop.sleep(settings.progress_interval_s)
+            elapsed = time.monotonic() - started
+        except KeyboardInterrupt:
+            interrupted, elapsed = True, time.monotonic() - started
+            print("\ninterrupted: stopping services", file=sys.stderr)
+        except StartFailed as error:
+            print(f"splitrl up: {error}", file=sys.stderr)
+            start_failed, elapsed = True, time.monotonic() - started
+        except GaveUp as error:  # a service kept dying
+            print(f"splitrl up: {error}", file=sys.stderr)
+            died, elapsed = True, time.monotonic() - started
+        finally:  # still inside StopSignal: a second Ctrl-C cannot cut this short and leave children behind
+            stop_all(supervisor.children)
+            progress.close()
     if start_failed:  # no run took place: nothing that looks like a result
         return 1
     summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)

@@ -90,9 +90,9 @@ def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
     return "".join(f"\n    {line}" for line in lines)
 
 
-def wait_ready(child: Child, run_dir: Path, timeout_s: float) -> None:
+def wait_ready(child: Child, run_dir: Path, timeout_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
     """Wait for the service's port file; StartFailed (with the log's last lines) if it exits or takes longer
-    than `timeout_s`."""
+    than `timeout_s`. `sleep` is the pause between looks (a StopSignal's, to give way to Ctrl-C)."""
     log = run_dir / "logs" / f"{child.name}.log"
     deadline = time.monotonic() + timeout_s
     while not child.port_file.exists():
@@ -103,7 +103,7 @@ def wait_ready(child: Child, run_dir: Path, timeout_s: float) -> None:
             )
         if time.monotonic() > deadline:
             raise StartFailed(f"{child.name} did not start serving within {timeout_s:.0f}s; see {log}")
-        time.sleep(0.05)
+        sleep(0.05)
     child.ports = json.loads(child.port_file.read_text())
 
 
@@ -148,11 +148,13 @@ class Supervisor:
         max_restarts: int,
         start_timeout_s: float,
         backoff: Callable[[], Backoff] = lambda: Backoff(0.5, 5.0),
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         """`settings_for(name)`: the service's settings now (ports are pinned here after the first start); None
-        only for the environment, when it has no steps left to take."""
+        only for the environment, when it has no steps left to take. `sleep`: every wait (a start's readiness,
+        a restart's backoff) goes through it; a StopSignal's raises KeyboardInterrupt there on Ctrl-C."""
         self.run_dir, self.instances, self.settings_for = run_dir, tuple(instances), settings_for
-        self.max_restarts, self.start_timeout_s = max_restarts, start_timeout_s
+        self.max_restarts, self.start_timeout_s, self._sleep = max_restarts, start_timeout_s, sleep
         self.children: dict[str, Child] = {}
         self.restarts: dict[str, int] = {}
         self._ports: dict[str, dict[str, int]] = {}
@@ -173,7 +175,7 @@ class Supervisor:
         if name in self._ports:  # same address as before: peers redial it
             settings = amended(settings, port=self._ports[name]["grpc"], metrics_port=self._ports[name]["metrics"])
         self.children[name] = child = spawn(name, settings, self.run_dir, append_log=append_log)
-        wait_ready(child, self.run_dir, self.start_timeout_s)
+        wait_ready(child, self.run_dir, self.start_timeout_s, self._sleep)
         self._ports[name] = child.ports
 
     def environment_done(self) -> bool:
@@ -222,7 +224,7 @@ class Supervisor:
         print(f"splitrl up: {note}", file=sys.stderr, flush=True)
         with log.open("a") as file:
             file.write(f"---- splitrl up: {note}\n")
-        time.sleep(delay)
+        self._sleep(delay)
         try:
             self._start(name, settings, append_log=True)
         except StartFailed:
