@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 import pytest
 import torch
@@ -35,18 +37,28 @@ async def cloud_side():
     await replay.stop()
 
 
-def act_request(sequence: int = 0, n: int = 2, data: bytes | None = None) -> rollout_pb2.ActRequest:
+def act_request(n: int = 2, data: bytes | None = None) -> rollout_pb2.ActRequest:
     observations = wire.encode(torch.rand(n, WIDTH), wire.DType.DTYPE_BFLOAT16)
     if data is not None:
         observations.data = data
     return rollout_pb2.ActRequest(
-        sequence=sequence,
         observations=observations,
         rewards=[0.0] * n,
         terminated=[False] * n,
         truncated=[False] * n,
         first_step_id=0,
     )
+
+
+def coded_rewards(codes: bytes, *new_rewards: float) -> Callable[[rollout_pb2.ActRequest], None]:
+    """A mutation: the request's rewards in the coded form (core.lockstep.RewardBook), as given."""
+
+    def mutate(request: rollout_pb2.ActRequest) -> None:
+        request.ClearField("rewards")
+        request.reward_codes = codes
+        request.new_rewards[:] = new_rewards
+
+    return mutate
 
 
 async def one_exchange(channel, request, metadata=ACTIVATION):
@@ -102,7 +114,23 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         ),
         (lambda r: setattr(r.observations, "compression", wire.Compression.COMPRESSION_ZSTD), "not a zstd frame"),
         (lambda r: r.observations.shape.__setitem__(0, -2), "negative"),
-        (lambda r: setattr(r, "sequence", 5), "sequence is 5, expected 0"),
+        (
+            coded_rewards(b"\x02\x00", 2.0),
+            "names slot 2; this stream has filled 0",  # slot 1 fills at the second env, slot 2 never
+        ),
+        (lambda r: setattr(r, "reward_codes", b"\x00\x00"), "both rewards and reward_codes"),
+        (
+            coded_rewards(b"\x00\x00", 2.0),
+            "2 zero codes for 1 new_rewards",
+        ),
+        (
+            coded_rewards(b"\x00", 2.0),
+            "rewards has 1 entries for 2 envs",
+        ),
+        (
+            coded_rewards(b"\x00\x01", float("inf")),
+            "rewards holds NaN or Inf",
+        ),
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
         (lambda r: r.rewards.__setitem__(0, float("inf")), "rewards holds NaN or Inf"),
         (lambda r: setattr(r, "first_step_id", 2**63 - 1), "below 2**63"),  # its 2nd row is 2**63
@@ -131,7 +159,11 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         "bad-row-scale",
         "not-zstd",
         "negative-dim",
-        "out-of-order",
+        "reward-slot-unfilled",
+        "reward-both-forms",
+        "reward-codes-vs-values",
+        "reward-codes-short",
+        "reward-coded-inf",
         "ragged",
         "inf-reward",
         "huge-step-id",
@@ -157,9 +189,9 @@ async def test_each_malformed_act_request_is_refused_clearly(cloud_side, mutate,
 async def test_a_bad_step_id_advance_after_a_good_message_is_refused_clearly(cloud_side, advance, fragment):
     _, _, channel = cloud_side
     call = rollout_pb2_grpc.InferenceStub(channel).Act(metadata=ACTIVATION)
-    await call.write(act_request(sequence=0))
+    await call.write(act_request())
     await call.read()
-    second = act_request(sequence=1)
+    second = act_request()
     second.step_id_advance = advance
     await call.write(second)
     details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, call.read())
@@ -275,7 +307,7 @@ async def test_a_layernorm_split_refuses_activations_beyond_sqrt_width():
         healthy = act_request()
         healthy.observations.CopyFrom(wire.encode_float(torch.randn(2, WIDTH).clamp(-60, 60), "bf16"))
         assert wire.decode((await one_exchange(channel, healthy)).actions).shape == (2,)
-        inflated = act_request()  # a new stream: its sequence starts at 0 again
+        inflated = act_request()  # a new stream
         inflated.observations.CopyFrom(wire.encode_float(torch.full((2, WIDTH), 100.0), "bf16"))
         details = await expect_status(grpc.StatusCode.INVALID_ARGUMENT, one_exchange(channel, inflated))
         assert "bound 64.6" in details  # sqrt(4095) * 1.01

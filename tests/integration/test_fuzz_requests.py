@@ -218,14 +218,21 @@ def stream_of(messages: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
 
 
 act_requests = st.builds(
-    lambda first_step, **fields: rollout_pb2.ActRequest(**first_step, **fields),
+    lambda first_step, reward_form, **fields: rollout_pb2.ActRequest(**first_step, **reward_form, **fields),
     # The step-id oneof: an id, an advance on the stream's previous message's id (refused on a first message), none.
     first_step=st.one_of(
         st.fixed_dictionaries({"first_step_id": U64}), st.fixed_dictionaries({"step_id_advance": U64}), st.just({})
     ),
-    sequence=st.one_of(st.just(0), U64),
+    # Rewards plain, coded (codes naming slots filled or not, more or fewer new values than zero codes), or both.
+    reward_form=st.fixed_dictionaries(
+        {},
+        optional={
+            "rewards": per_env(FLOATS),
+            "reward_codes": st.binary(max_size=4) | st.lists(st.sampled_from([0, 1, 2]), max_size=4).map(bytes),
+            "new_rewards": per_env(FLOATS),
+        },
+    ),
     observations=tensors((WIDTH,)),
-    rewards=per_env(FLOATS),
     terminated=per_env(st.booleans()),
     truncated=per_env(st.booleans()),
     encoder_version=st.one_of(st.none(), U64),  # absent: as on the stream's previous message
@@ -411,8 +418,6 @@ async def test_fuzzed_video_streams(hosts, channels, batches):
     """Malformed, truncated, oversize or keyframe-less H.264 is refused (INVALID_ARGUMENT, counted) and the
     inference that decodes video keeps serving new streams."""
     messages = [video_step(n, message) for n, message in batches]
-    for sequence, message in enumerate(messages):
-        message.sequence = sequence
     stub = rollout_pb2_grpc.InferenceStub(channels["video"])
     await fuzz_once(hosts, channels, "video", lambda: stub.Act(iter(messages), metadata=VIDEO, timeout=CALL_TIMEOUT_S))
 

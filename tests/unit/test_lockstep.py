@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from splitrl.core.lockstep import Carried, LockstepStream, StepIdCursor, episode_ends
+from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor, episode_ends
 from splitrl.core.rpc import BadRequest
 from splitrl.v1 import rollout_pb2
 
@@ -102,7 +105,75 @@ def test_an_unchanged_policy_version_is_left_out_and_read_back():
     sender, receiver = Carried(), Carried()
     arrived = []
     for version in (0, 0, 5, 5, 5, 6):
-        response = rollout_pb2.ActResponse(sequence=1)
+        response = rollout_pb2.ActResponse()
         sender.put(response, "policy_version", version)
         arrived.append((receiver.get(response, "policy_version"), response.HasField("policy_version")))
     assert arrived == [(0, False), (0, False), (5, True), (5, False), (5, False), (6, True)]
+
+
+def reward_round_trip(steps: list[list[float]]) -> tuple[list[list[float]], list[int]]:
+    """Each step's rewards through a sender's and a receiver's RewardBook and the wire: what arrives, and the
+    bytes of the reward fields of each message."""
+    sender, receiver = RewardBook(), RewardBook()
+    arrived, sizes = [], []
+    for rewards in steps:
+        request = rollout_pb2.ActRequest()
+        sender.put(request, rewards)
+        sizes.append(request.ByteSize())
+        wire = rollout_pb2.ActRequest.FromString(request.SerializeToString())
+        receiver.get(wire)
+        arrived.append(list(wire.rewards))
+    return arrived, sizes
+
+
+def float32s(values: list[float]) -> list[float]:
+    return np.asarray(values, np.float32).tolist()
+
+
+def test_repeated_rewards_cross_as_one_byte_each():
+    tile = float32s([1000 / 287 - 0.4])[0]  # CarRacing, 4 frames a step: -0.1 each, one tile's 1000 / tiles
+    frame = float32s([-0.4])[0]
+    steps = [[frame] * 4, [frame, tile, frame, frame], [frame] * 4, [tile, tile, frame, -100.0]]
+    arrived, sizes = reward_round_trip(steps)
+    assert arrived == steps
+    assert sizes[0] == 2 + 4 + 2 + 4  # codes (tag, length, 4 bytes), one new value (tag, length, float32)
+    assert sizes[1] == 6 + 6 and sizes[2] == 6  # a second new value; then only codes: 6 bytes, not 18
+    assert sizes[3] == 6 + 6
+
+
+def test_a_full_book_forgets_its_oldest_value_alike_at_both_ends():
+    values = float32s([i * 0.25 for i in range(RewardBook.SLOTS + 40)])
+    steps = [values[i : i + 3] for i in range(0, len(values), 3)] + [values[:3], values[-3:]]
+    arrived, sizes = reward_round_trip(steps)
+    assert arrived == steps
+    assert sizes[-1] == 5  # the newest values are still in the book
+    assert sizes[-2] == 5 + 2 + 12  # the oldest were overwritten: they cross again
+
+
+@given(st.lists(st.lists(st.sampled_from(float32s([0.0, -0.0, 1.0, -0.1, 3.1, 1e30, -7.5])), min_size=1, max_size=6)))
+def test_rewards_arrive_bit_for_bit(steps):
+    arrived, _ = reward_round_trip(steps)
+    assert [np.asarray(s, np.float32).tobytes() for s in arrived] == [
+        np.asarray(s, np.float32).tobytes() for s in steps
+    ]
+
+
+def test_the_plain_form_is_read_as_it_is():
+    request = rollout_pb2.ActRequest(rewards=[1.5, -2.0])
+    RewardBook().get(request)
+    assert list(request.rewards) == [1.5, -2.0]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"rewards": [1.0], "reward_codes": b"\x00", "new_rewards": [1.0]}, "both rewards and reward_codes"),
+        ({"reward_codes": b"\x00\x00", "new_rewards": [1.0]}, "2 zero codes for 1 new_rewards"),
+        ({"reward_codes": b"\x01", "new_rewards": [1.0]}, "0 zero codes for 1 new_rewards"),
+        ({"reward_codes": b"\x00\x02", "new_rewards": [1.0]}, "names slot 2; this stream has filled 1"),
+        ({"reward_codes": b"\xff"}, "names slot 255; this stream has filled 0"),
+    ],
+)
+def test_a_coded_form_that_does_not_add_up_is_refused(fields, message):
+    with pytest.raises(BadRequest, match=message):
+        RewardBook().get(rollout_pb2.ActRequest(**fields))

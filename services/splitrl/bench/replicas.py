@@ -131,7 +131,8 @@ async def simulated_edge(
 ) -> int:
     """One simulated edge: a split-mode Act stream of one env until the end of `window` (loop times); returns
     the answers inside it, whose latencies (s) it appends to `latencies` (also tests/integration/test_load.py's
-    streams). RuntimeError if an answer is not for the step just sent."""
+    streams). RuntimeError if the stream ends, or an answer is not one action (answers come in the requests'
+    order: an Act stream carries no sequence numbers)."""
     measure_from, stop_at = window
     call = rollout_pb2_grpc.InferenceStub(channel).Act(
         metadata=(("splitrl-codec", "activation"), ("splitrl-run-id", f"bench-{index}"))
@@ -143,7 +144,6 @@ async def simulated_edge(
     try:
         while (now := loop.time()) < stop_at:
             request = rollout_pb2.ActRequest(
-                sequence=sequence,
                 observations=observations,
                 rewards=[0.0],
                 terminated=[False],
@@ -152,8 +152,8 @@ async def simulated_edge(
             )
             await call.write(request)
             response = await asyncio.wait_for(call.read(), STEP_TIMEOUT_S)
-            if response.sequence != sequence:
-                raise RuntimeError(f"stream {index}: answer {response.sequence} to step {sequence}")
+            if response is grpc.aio.EOF or list(response.actions.shape) != [1]:
+                raise RuntimeError(f"stream {index}: step {sequence} answered by {response!r}")
             if now >= measure_from:
                 latencies.append(loop.time() - now)
                 counted += 1

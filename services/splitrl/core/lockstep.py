@@ -3,7 +3,8 @@ edge-encoder -> inference (ActRequest).
 
 Invariants of one stream, checked on every message (a refused message is answered INVALID_ARGUMENT and ends
 its stream, so no state is read after one):
-- message k of the stream carries `sequence` k (one message in flight, answered before the next);
+- one message is in flight, answered before the next; an EnvStep (loopback or LAN) carries its place on the
+  stream as `sequence` (0, 1, ...), checked; an ActRequest (WAN) carries none: gRPC keeps a stream's order;
 - the env count N is fixed by the stream's first message, and is never 0;
 - every per-env field has exactly N entries, and rewards are finite; an episode-end field (terminated,
   truncated) may instead be empty, meaning no env's episode ended: the common step sends no flags.
@@ -12,13 +13,15 @@ exactly those whose previous episode ended (terminated or truncated).
 
 At tens of WAN bytes per env step a header field matters, so a number the stream's previous message implies
 does not cross again: Carried (ActRequest.encoder_version, ActResponse.policy_version: absent = unchanged) and
-StepIdCursor (ActRequest's step ids: the advance since the previous message, not the ~10-byte id). Each end
-keeps one per stream; a new stream starts them over.
+StepIdCursor (ActRequest's step ids: the advance since the previous message, not the ~10-byte id), and a
+repeated reward is named by a byte, not sent again (RewardBook). Each end keeps one of each per stream; a new
+stream starts them over.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,9 +43,10 @@ def episode_ends(message: Any, field: str, envs: int) -> torch.Tensor:
 class LockstepStream:
     """Sequence and env count of one stream. `accept` validates a message and advances past it."""
 
-    def __init__(self, message_name: str) -> None:
-        """`message_name` names the message in refusals (e.g. "EnvStep")."""
-        self.message_name = message_name
+    def __init__(self, message_name: str, sequenced: bool = True) -> None:
+        """`message_name` names the message in refusals (e.g. "EnvStep"); `sequenced`: its messages carry
+        `sequence`, which must count 0, 1, ... (ActRequest has none)."""
+        self.message_name, self.sequenced = message_name, sequenced
         self.num_envs: int | None = None  # fixed by the first message
         self.next_sequence = 0
 
@@ -54,7 +58,7 @@ class LockstepStream:
             raise BadRequest(f"{name} has no envs")
         if self.num_envs is not None and envs != self.num_envs:
             raise BadRequest(f"{name} has {envs} envs; this stream has {self.num_envs}")
-        if message.sequence != self.next_sequence:
+        if self.sequenced and message.sequence != self.next_sequence:
             raise BadRequest(f"{name}.sequence is {message.sequence}, expected {self.next_sequence}")
         for field in per_env_fields:
             entries = len(getattr(message, field))
@@ -125,3 +129,76 @@ class StepIdCursor:
             raise BadRequest(f"ActRequest's first step id {first_step_id} is not below 2**63")
         self.first_step_id = first_step_id
         return first_step_id
+
+
+class RewardBook:
+    """A stream's rewards in about a byte per env: ActRequest's reward_codes + new_rewards form (its comment
+    in rollout.proto is the format). Each end keeps one per stream; both fill and evict slots alike, so the
+    receiver's book is the sender's after every message. Values are float32s, matched by their bits."""
+
+    SLOTS = 255  # a code is one byte, and 0 means "a new value"
+
+    def __init__(self) -> None:
+        self._slots: list[float] = []  # slot k's value at index k - 1
+        self._slot_of: dict[bytes, int] = {}  # float32 bits -> slot, for the sender
+        self._next_slot = 1  # the slot the next new value takes
+
+    def _remember(self, value: float) -> None:
+        slot = self._next_slot
+        if slot <= len(self._slots):  # the book is full: the oldest value goes
+            self._slot_of.pop(_bits(self._slots[slot - 1]), None)
+            self._slots[slot - 1] = value
+        else:
+            self._slots.append(value)
+        self._slot_of[_bits(value)] = slot
+        self._next_slot = slot % self.SLOTS + 1
+
+    def put(self, request: Any, rewards: Sequence[float]) -> None:
+        """Sender: set `request`'s reward_codes and new_rewards for `rewards` (float32 values, one per env)."""
+        codes = bytearray()
+        new_rewards = []
+        for reward in rewards:
+            slot = self._slot_of.get(_bits(reward))
+            if slot is None:
+                codes.append(0)
+                new_rewards.append(reward)
+                self._remember(struct.unpack("<f", _bits(reward))[0])
+            else:
+                codes.append(slot)
+        request.ClearField("rewards")
+        request.reward_codes = bytes(codes)
+        request.new_rewards[:] = new_rewards
+
+    def get(self, request: Any) -> None:
+        """Receiver: fill `request.rewards` (the plain form, which LockstepStream.accept and the trajectory read)
+        from its coded form; a request in the plain form is left as it is. BadRequest if it mixes the forms,
+        has more or fewer new values than codes 0, or names an empty slot; new values are then in the book,
+        but a refused message ends its stream, so it is never read again."""
+        if not request.reward_codes and not request.new_rewards:
+            return
+        if request.rewards:
+            raise BadRequest("ActRequest sets both rewards and reward_codes / new_rewards; one form only")
+        codes = request.reward_codes
+        if codes.count(0) != len(request.new_rewards):
+            raise BadRequest(
+                f"ActRequest.reward_codes has {codes.count(0)} zero codes for {len(request.new_rewards)} new_rewards"
+            )
+        new_rewards = iter(request.new_rewards)
+        rewards = []
+        for code in codes:
+            if code == 0:
+                value = next(new_rewards)
+                self._remember(value)
+            elif code <= len(self._slots):
+                value = self._slots[code - 1]
+            else:
+                raise BadRequest(
+                    f"ActRequest.reward_codes names slot {code}; this stream has filled {len(self._slots)}"
+                )
+            rewards.append(value)
+        request.rewards[:] = rewards
+
+
+def _bits(value: float) -> bytes:
+    """`value` as float32 bytes: the key two equal rewards share (protobuf carries rewards as float32)."""
+    return struct.pack("<f", value)

@@ -35,7 +35,7 @@ import torch
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameRow, FrameStacker
-from splitrl.core.lockstep import Carried, LockstepStream, StepIdCursor
+from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.replicas import Lease, Replicas
@@ -162,8 +162,8 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 moved = upstream.close()
                 log.info("env run %s: run %s moves to even out inference replicas", upstream.env_run_id, moved)
             call = upstream.call or self._open(upstream)
-            request.sequence = upstream.sequence
             upstream.step_ids.put(request, outgoing.first_step_id)
+            upstream.rewards.put(request, outgoing.rewards)
             upstream.encoder_version.put(request, "encoder_version", outgoing.encoder_version)
             if upstream.video is not None:
                 await self._encode_video(upstream.video, request, outgoing.frames)
@@ -173,7 +173,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 return response
             except FAILURES as error:
                 lost = upstream.close()
-                what = f"env run {upstream.env_run_id}: Act stream {lost} to inference, after {request.sequence} steps,"
+                what = (
+                    f"env run {upstream.env_run_id}: Act stream {lost} to inference, after {upstream.answered} steps,"
+                )
                 await redial.lost(error, what)
 
     def _open(self, upstream: _ActStream) -> grpc.aio.StreamStreamCall:
@@ -206,7 +208,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.wan_meter.received(response, phase="rollout", payload="action")
         response.policy_version = upstream.policy_version.get(response, "policy_version")  # filled in if implied
         self.metrics.hop_latency.labels(hop="edge-inference").observe(time.perf_counter() - sent_at)
-        upstream.sequence += 1
+        upstream.answered += 1
         return response
 
     async def _encode_video(
@@ -245,13 +247,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                     self._compute, self._encode, step_ids, stacks, rows
                 )
         request = rollout_pb2.ActRequest(
-            sequence=step.sequence,
-            observations=observations,
-            rewards=step.rewards,
-            terminated=step.terminated,
-            truncated=step.truncated,
+            observations=observations, terminated=step.terminated, truncated=step.truncated
         )
-        return _Outgoing(request, frames, step_ids[0], encoder_version)
+        return _Outgoing(request, frames, step_ids[0], encoder_version, list(step.rewards))
 
     def _encode(self, step_ids: list[int], stacks: torch.Tensor, rows: list[FrameRow]) -> tuple[wire.Tensor, int]:
         """On the compute thread: remember the stacks (as `rows` of shared frames) for training, return (encoded
@@ -271,6 +269,7 @@ class _Outgoing(NamedTuple):
     frames: torch.Tensor  # uint8 [N, S, S], the newest frame of each env (encoded per stream in video mode)
     first_step_id: int
     encoder_version: int
+    rewards: list[float]  # one per env, float32 values
 
 
 class _ActStream:
@@ -288,8 +287,9 @@ class _ActStream:
 
     def new_call_state(self) -> None:
         """What each end of an Act stream keeps (core.lockstep) starts over with each call."""
-        self.sequence = 0  # of the next ActRequest on `call`
+        self.answered = 0  # ActRequests answered on `call`
         self.step_ids, self.encoder_version, self.policy_version = StepIdCursor(), Carried(), Carried()
+        self.rewards = RewardBook()
 
     def close(self) -> str:
         """Cancel the current call, if any; returns its run id."""

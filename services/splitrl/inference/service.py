@@ -21,7 +21,7 @@ from splitrl.core import codecs, weights, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.lockstep import Carried, LockstepStream, StepIdCursor, episode_ends
+from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor, episode_ends
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
@@ -130,10 +130,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
                     self.metrics.video_decode_errors.inc()
                     raise
                 decisions = await self.batcher.submit(observations)
-                response = rollout_pb2.ActResponse(
-                    sequence=request.sequence,
-                    actions=wire.encode(decisions.actions, self.action_dtype),
-                )
+                response = rollout_pb2.ActResponse(actions=wire.encode(decisions.actions, self.action_dtype))
                 stream.policy_version.put(response, "policy_version", decisions.policy_version)
                 self.meter.sent(response, phase="rollout", payload="action")
                 yield response
@@ -177,9 +174,10 @@ class _EdgeStream:
 
     def __init__(self, settings: InferenceSettings, stream_kind: codecs.StreamKind) -> None:
         self.settings, self.stream_kind = settings, stream_kind
-        self.lockstep = LockstepStream("ActRequest")
+        self.lockstep = LockstepStream("ActRequest", sequenced=False)
         # What the edge leaves out when the stream's previous message implies it, and the same for our answers.
         self.step_ids, self.encoder_version, self.policy_version = StepIdCursor(), Carried(), Carried()
+        self.rewards = RewardBook()
         self.cutter = TrajectoryCutter(settings.unroll_length)
         self.stacker: FrameStacker | None = None
         self.video = (
@@ -191,7 +189,7 @@ class _EdgeStream:
         return self.lockstep.num_envs
 
     def policy_input(self, request: rollout_pb2.ActRequest) -> torch.Tensor:
-        """Validate `request`, fill in what it left for the stream to imply (first_step_id, encoder_version),
+        """Validate `request`, fill in what it left for the stream to imply (first_step_id, encoder_version, rewards),
         and return what the policy consumes (uint8 stacks or bf16 activations)."""
         s = self.settings
         dtype, shape = codecs.expected_observation(
@@ -209,6 +207,7 @@ class _EdgeStream:
         # The fields the stream's previous message implied are filled in (after metering: the bytes were what crossed).
         request.first_step_id = self.step_ids.get(request)
         request.encoder_version = self.encoder_version.get(request, "encoder_version")
+        self.rewards.get(request)
         if request.first_step_id + n > 2**63 or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest's step ids (first_step_id + rows) and encoder_version must be below 2**63")
         starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated"))

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from splitrl.v1 import tensor_pb2 as splitrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18splitrl/v1/rollout.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"w\n\x07\x45nvStep\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\"\n\x06\x66rames\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x12\n\nterminated\x18\x04 \x03(\x08\x12\x11\n\ttruncated\x18\x05 \x03(\x08\"Z\n\tEnvAction\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\"\x84\x02\n\nActRequest\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12(\n\x0cobservations\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x12\n\nterminated\x18\x04 \x03(\x08\x12\x11\n\ttruncated\x18\x05 \x03(\x08\x12\x1c\n\x0f\x65ncoder_version\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\rfirst_step_id\x18\x08 \x01(\x04H\x00\x12\x19\n\x0fstep_id_advance\x18\t \x01(\x04H\x00\x42\x0c\n\nfirst_stepB\x12\n\x10_encoder_versionJ\x04\x08\x06\x10\x07R\x08step_ids\"t\n\x0b\x41\x63tResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x1b\n\x0epolicy_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_policy_version2H\n\x0b\x45\x64geEncoder\x12\x39\n\x07Rollout\x12\x13.splitrl.v1.EnvStep\x1a\x15.splitrl.v1.EnvAction(\x01\x30\x01\x32G\n\tInference\x12:\n\x03\x41\x63t\x12\x16.splitrl.v1.ActRequest\x1a\x17.splitrl.v1.ActResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18splitrl/v1/rollout.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"w\n\x07\x45nvStep\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\"\n\x06\x66rames\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x12\n\nterminated\x18\x04 \x03(\x08\x12\x11\n\ttruncated\x18\x05 \x03(\x08\"Z\n\tEnvAction\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\"\xad\x02\n\nActRequest\x12(\n\x0cobservations\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x0f\n\x07rewards\x18\x03 \x03(\x02\x12\x14\n\x0creward_codes\x18\n \x01(\x0c\x12\x13\n\x0bnew_rewards\x18\x0b \x03(\x02\x12\x12\n\nterminated\x18\x04 \x03(\x08\x12\x11\n\ttruncated\x18\x05 \x03(\x08\x12\x1c\n\x0f\x65ncoder_version\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x17\n\rfirst_step_id\x18\x08 \x01(\x04H\x00\x12\x19\n\x0fstep_id_advance\x18\t \x01(\x04H\x00\x42\x0c\n\nfirst_stepB\x12\n\x10_encoder_versionJ\x04\x08\x01\x10\x02J\x04\x08\x06\x10\x07R\x08sequenceR\x08step_ids\"r\n\x0b\x41\x63tResponse\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\x1b\n\x0epolicy_version\x18\x03 \x01(\x04H\x00\x88\x01\x01\x42\x11\n\x0f_policy_versionJ\x04\x08\x01\x10\x02R\x08sequence2H\n\x0b\x45\x64geEncoder\x12\x39\n\x07Rollout\x12\x13.splitrl.v1.EnvStep\x1a\x15.splitrl.v1.EnvAction(\x01\x30\x01\x32G\n\tInference\x12:\n\x03\x41\x63t\x12\x16.splitrl.v1.ActRequest\x1a\x17.splitrl.v1.ActResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,11 +37,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ENVACTION']._serialized_start=186
   _globals['_ENVACTION']._serialized_end=276
   _globals['_ACTREQUEST']._serialized_start=279
-  _globals['_ACTREQUEST']._serialized_end=539
-  _globals['_ACTRESPONSE']._serialized_start=541
-  _globals['_ACTRESPONSE']._serialized_end=657
-  _globals['_EDGEENCODER']._serialized_start=659
-  _globals['_EDGEENCODER']._serialized_end=731
-  _globals['_INFERENCE']._serialized_start=733
-  _globals['_INFERENCE']._serialized_end=804
+  _globals['_ACTREQUEST']._serialized_end=580
+  _globals['_ACTRESPONSE']._serialized_start=582
+  _globals['_ACTRESPONSE']._serialized_end=696
+  _globals['_EDGEENCODER']._serialized_start=698
+  _globals['_EDGEENCODER']._serialized_end=770
+  _globals['_INFERENCE']._serialized_start=772
+  _globals['_INFERENCE']._serialized_end=843
 # @@protoc_insertion_point(module_scope)

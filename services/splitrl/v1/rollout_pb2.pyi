@@ -32,31 +32,31 @@ class EnvAction(_message.Message):
     def __init__(self, sequence: _Optional[int] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ActRequest(_message.Message):
-    __slots__ = ("sequence", "observations", "rewards", "terminated", "truncated", "encoder_version", "first_step_id", "step_id_advance")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("observations", "rewards", "reward_codes", "new_rewards", "terminated", "truncated", "encoder_version", "first_step_id", "step_id_advance")
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_CODES_FIELD_NUMBER: _ClassVar[int]
+    NEW_REWARDS_FIELD_NUMBER: _ClassVar[int]
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     ENCODER_VERSION_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_ADVANCE_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
     observations: _tensor_pb2.Tensor
     rewards: _containers.RepeatedScalarFieldContainer[float]
+    reward_codes: bytes
+    new_rewards: _containers.RepeatedScalarFieldContainer[float]
     terminated: _containers.RepeatedScalarFieldContainer[bool]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     encoder_version: int
     first_step_id: int
     step_id_advance: int
-    def __init__(self, sequence: _Optional[int] = ..., observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., encoder_version: _Optional[int] = ..., first_step_id: _Optional[int] = ..., step_id_advance: _Optional[int] = ...) -> None: ...
+    def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Iterable[float]] = ..., reward_codes: _Optional[bytes] = ..., new_rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., encoder_version: _Optional[int] = ..., first_step_id: _Optional[int] = ..., step_id_advance: _Optional[int] = ...) -> None: ...
 
 class ActResponse(_message.Message):
-    __slots__ = ("sequence", "actions", "policy_version")
-    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("actions", "policy_version")
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
-    sequence: int
     actions: _tensor_pb2.Tensor
     policy_version: int
-    def __init__(self, sequence: _Optional[int] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    def __init__(self, actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_version: _Optional[int] = ...) -> None: ...
