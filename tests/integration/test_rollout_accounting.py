@@ -7,12 +7,15 @@ import math
 import pytest
 
 from splitrl.core import scrape
+from splitrl.core.config import Mode, ObservationCodec
+from splitrl.core.metrics import VIDEO_SHADOW_BYTES
+from splitrl.run.summary import cloud_h264_shadow
 from tests.integration.stack import Stack
 
 NUM_ENVS = 2
 STEPS = 320  # agent steps: 160 vector steps of 2 envs
 FRAME = 96 * 96
-#: Protobuf framing around the observations tensor plus rewards, flags, step ids and sequence, per message.
+#: Protobuf framing around the observations tensor plus rewards, flags and step ids, per message.
 MAX_OVERHEAD_BYTES = 64
 
 
@@ -104,3 +107,34 @@ def test_env_steps_trajectories_and_replay_agree(finished_run):
     assert trajectory["messages"] == chunks
     assert scrape.total([texts["environment"]], "splitrl_episode_return_count") > 0
     assert scrape.total([texts["inference"]], "splitrl_inference_batch_size_count") == STEPS // NUM_ENVS
+
+
+async def scraped_run(mode: Mode, codec: ObservationCodec, edge: dict | None = None) -> dict[str, str]:
+    stack = await Stack.start(mode, codec, num_envs=NUM_ENVS, steps=STEPS, edge=edge)
+    try:
+        await stack.wait_done()
+        return stack.scrape()
+    finally:
+        await stack.stop()
+
+
+async def test_the_video_shadow_counts_cloud_h264s_bytes_and_sends_nothing():
+    """A split run with --video-shadow counts, per ActRequest, what cloud mode over H.264 would have sent for its
+    frames, close to what a cloud h264 run of the same env sends, and nothing more crosses the WAN."""
+    split = await scraped_run("split", "frame", edge={"video_shadow": True})
+    cloud = await scraped_run("cloud", "h264")
+    split_links, cloud_links = scrape.link_counts(split.values()), scrape.link_counts(cloud.values())
+    assert set(split_links["encoder-inference"]["rollout"]) == {"activation", "action"}
+    shadow_requests = scrape.total([split["edge-encoder"]], f"{VIDEO_SHADOW_BYTES}_total")
+    cloud_requests = cloud_links["encoder-inference"]["rollout"]["observation"]["sent"]["bytes"]
+    # Different drivers (the split's own policy, cloud's), the same kind of frames: within a factor of 2.
+    assert 0.5 < shadow_requests / cloud_requests < 2.0, (shadow_requests, cloud_requests)
+    assert scrape.total([cloud["edge-encoder"]], f"{VIDEO_SHADOW_BYTES}_total") == 0
+    shadow = cloud_h264_shadow(list(split.values()), split_links, STEPS)
+    assert shadow is not None
+    actions = split_links["encoder-inference"]["rollout"]["action"]["sent"]["bytes"]
+    assert shadow["wan_bytes"] == shadow_requests + actions
+    split_wan = sum(scrape.wan_by_phase(split_links).values())
+    assert shadow["split_share"] == pytest.approx(split_wan / shadow["wan_bytes"])
+    assert shadow["split_share"] > 10  # bf16 activations of width 4096 against a few H.264 bytes per frame
+    assert cloud_h264_shadow(list(cloud.values()), cloud_links, STEPS) is None

@@ -116,6 +116,16 @@ def test_the_run_checks_what_services_would_refuse_before_anything_starts():
         RunSettings(num_envs=2, env_groups=4)
 
 
+def test_a_video_shadow_is_for_split_runs_and_refused_in_cloud_mode_before_anything_starts(tmp_path: Path):
+    cloud_with_shadow = RUN.model_copy(update={"mode": "cloud", "codec": "h264", "video_shadow": True})
+    with pytest.raises(ValueError, match=r"(?s)edge-encoder: .*video_shadow=True counts what cloud mode's H\.264"):
+        plan(cloud_with_shadow, tmp_path)
+    with pytest.raises(ValidationError, match="in mode='cloud' run --codec h264 instead"):
+        EdgeEncoderSettings(mode="cloud", video_shadow=True)
+    planned = plan(RUN.model_copy(update={"mode": "split", "video_shadow": True}), tmp_path)
+    assert planned["edge-encoder"].video_shadow is True  # type: ignore[attr-defined]
+
+
 def test_port_files_and_final_metrics_land_in_the_run_directory(tmp_path: Path):
     for name, settings in plan(RUN, tmp_path).items():
         assert settings.port_file == tmp_path / f"{name}.ports.json"

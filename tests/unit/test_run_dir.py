@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from splitrl.bench.learning import Row
+from splitrl.bench.learning import Row, last_segment_shadow, shadow_table_lines
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.run import files as run_dir_files
 from splitrl.run.evaluate import summarize
@@ -111,3 +111,30 @@ BAD_ROWS = [
 def test_bad_learning_rows_are_refused(rows):
     with pytest.raises(ValueError, match="row"):
         LearningBenchSettings(rows=rows)
+
+
+def test_a_run_with_a_video_shadow_reports_its_last_segment_beside_cloud_h264(tmp_path):
+    shadowed, plain, broken = tmp_path / "shadowed", tmp_path / "plain", tmp_path / "broken"
+    for run_dir in (shadowed, plain, broken):
+        run_dir.mkdir()
+    summary = {"env_steps": 25_000, "wan_bytes_per_env_step": {"rollout": 40.0, "training": 15.0}}
+    shadow = {"wan_bytes": 5_500_000, "wan_bytes_per_env_step": 220.0, "split_share": 0.25}
+    (shadowed / "summary.json").write_text(json.dumps(summary | {"cloud_h264_shadow": shadow}))
+    (plain / "summary.json").write_text(json.dumps(summary | {"cloud_h264_shadow": None}))
+    (broken / "summary.json").write_text("{not json")
+    assert last_segment_shadow(shadowed) == {
+        "env_steps": 25_000,
+        "split_wan_bytes_per_env_step": 55.0,
+        "cloud_h264_wan_bytes_per_env_step": 220.0,
+        "split_share": 0.25,
+    }
+    assert last_segment_shadow(plain) is None and last_segment_shadow(broken) is None
+    assert last_segment_shadow(tmp_path / "never-ran") is None
+    rows = [
+        {"row": "split:int4+zstd:w32", "seed": 2, "last_segment_shadow": last_segment_shadow(shadowed)},
+        {"row": "cloud:h264", "seed": 2, "last_segment_shadow": None},
+    ]
+    lines = shadow_table_lines(rows)
+    assert lines[-1] == "| split:int4+zstd:w32 | 2 | 25,000 | 55.0 | 220.0 | 0.250 |"
+    assert not any("cloud:h264" in line for line in lines)
+    assert shadow_table_lines(rows[1:]) == []

@@ -159,6 +159,7 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
         "wan_bytes": last["wan_bytes"] if networked else None,
         "wan_bytes_per_frame": last["wan_bytes"] / (steps * repeat) if steps and networked else None,
         "train_return_last_20pct": final_train,
+        "last_segment_shadow": last_segment_shadow(run_dir),
         "curve": curve,
         "evals": [
             {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
@@ -167,6 +168,47 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
             if e.get("env_steps") is not None
         ],
     }
+
+
+def last_segment_shadow(run_dir: Path) -> dict[str, float] | None:
+    """A split run recorded with --video-shadow (e.g. in its --config): its last segment's WAN bytes per agent
+    step beside what cloud mode over H.264 would have sent for the same frames (summary.json's
+    cloud_h264_shadow); None for a run without a shadow or a summary."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    shadow = summary.get("cloud_h264_shadow")
+    if not shadow:
+        return None
+    return {
+        "env_steps": summary["env_steps"],
+        "split_wan_bytes_per_env_step": sum(summary["wan_bytes_per_env_step"].values()),
+        "cloud_h264_wan_bytes_per_env_step": shadow["wan_bytes_per_env_step"],
+        "split_share": shadow["split_share"],
+    }
+
+
+def shadow_table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """The table of the runs that carry a video shadow (none: no lines)."""
+    shadowed = [r for r in results if r.get("last_segment_shadow")]
+    if not shadowed:
+        return []
+    lines = [
+        "",
+        "Split runs with `--video-shadow`, last segment: the split's WAN bytes per agent step beside cloud mode's "
+        "over H.264 for the same frames (the edge encodes them as cloud would and counts, sending nothing).",
+        "",
+        "| row | seed | agent steps | split WAN B/step | cloud H.264 B/step, same frames | split / cloud |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in shadowed:
+        shadow = r["last_segment_shadow"]
+        lines.append(
+            f"| {r['row']} | {r['seed']} | {shadow['env_steps']:,} | {shadow['split_wan_bytes_per_env_step']:.1f} "
+            f"| {shadow['cloud_h264_wan_bytes_per_env_step']:.1f} | {shadow['split_share']:.3f} |"
+        )
+    return lines
 
 
 def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
@@ -192,6 +234,7 @@ def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path
             f"| {r['row']} | {r['seed']} | {r['frames']:,} | {r['wall_seconds'] / 60:.1f} | {wan} "
             f"| {per_frame} | {train} {evaluation}"
         )
+    lines += shadow_table_lines(results)
     (out / "learning.md").write_text("\n".join(lines) + "\n")
     without_curves = [{k: v for k, v in r.items() if k != "curve"} for r in results]
     (out / "learning.json").write_text(json.dumps(without_curves, indent=2))

@@ -223,3 +223,11 @@ class VideoSettings(Settings):
         description="Decode the edge's own packets to export the PSNR the cloud sees (splitrl_video_psnr_db); "
         "costs the edge one decode per frame.",
     )
+    video_shadow: bool = Field(
+        False,
+        description="Split modes: also encode each env's frames as cloud mode's H.264 stream would (these "
+        "--video-* settings, new encoders with each Act stream) and count the ActRequest bytes that would have "
+        "crossed (splitrl_video_shadow_bytes; summary.json's cloud_h264_shadow): the cloud baseline's bytes "
+        "for the same driving, so the split's ratio needs no cloud run of matched return. Costs the edge one "
+        "H.264 encode per frame; sends nothing.",
+    )

@@ -45,6 +45,7 @@ LEARNER_LOSS = "splitrl_learner_loss"
 POLICY_LAG = "splitrl_policy_lag"
 STREAMS_OPENED = "splitrl_streams_opened"
 #: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
+VIDEO_SHADOW_BYTES = "splitrl_video_shadow_bytes"
 WORKER_CPU_SECONDS = "splitrl_worker_cpu_seconds"
 WORKER_RESIDENT_BYTES = "splitrl_worker_resident_memory_bytes"
 
@@ -319,6 +320,13 @@ class Metrics:
         self.worker_resident_bytes = Gauge(
             WORKER_RESIDENT_BYTES,
             "Resident memory of this service's worker processes (bytes; as last seen for ended workers).",
+            registry=registry,
+        )
+        self.video_shadow_bytes = Counter(
+            VIDEO_SHADOW_BYTES,
+            "Split modes with --video-shadow: bytes (protobuf, as splitrl_link_bytes counts them) the rollout's "
+            "ActRequests would have had in cloud mode over H.264: each request as sent, with its frames' H.264 "
+            "packets in place of the activations. Cloud's uplink bytes for this very driving; nothing is sent.",
             registry=registry,
         )
         self.video_decode_errors = Counter(

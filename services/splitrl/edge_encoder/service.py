@@ -165,8 +165,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             upstream.step_ids.put(request, outgoing.first_step_id)
             upstream.rewards.put(request, outgoing.rewards)
             upstream.encoder_version.put(request, "encoder_version", outgoing.encoder_version)
-            if upstream.video is not None:
+            if upstream.video is not None and self.stream_kind == "video":
                 await self._encode_video(upstream.video, request, outgoing.frames)
+            elif upstream.video is not None:  # --video-shadow
+                await self._count_shadow(upstream.video, request, outgoing.frames)
             try:
                 response = await self._exchange(call, request, upstream)
                 redial.answered()
@@ -190,7 +192,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         upstream.lease = lease = upstream.replicas.acquire()
         upstream.call = rollout_pb2_grpc.InferenceStub(lease.channel).Act(metadata=metadata)
         upstream.new_call_state()
-        if self.stream_kind == "video":  # fresh encoders: the new stream's first packets are keyframes
+        if self.stream_kind == "video" or self.settings.video_shadow:  # fresh encoders: keyframes first
             upstream.video = VideoStreamEncoder(self.settings.frame_size, self.settings)
         log.info("env run %s: Act stream to %s open as run %s", upstream.env_run_id, lease.address, upstream.run_id)
         return upstream.call
@@ -227,6 +229,18 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
         message = await asyncio.get_running_loop().run_in_executor(self._compute, encode)
         request.observations.CopyFrom(message)
+
+    async def _count_shadow(
+        self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
+    ) -> None:
+        """--video-shadow: count the bytes `request` (complete but for the meter) would have had in cloud mode
+        over H.264, `frames` encoded by this Act stream's shadow encoders (on the compute thread)."""
+        packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        shadow = rollout_pb2.ActRequest()
+        shadow.CopyFrom(request)  # the headers as sent
+        shadow.observations.CopyFrom(packets)
+        shadow.ClearField("encoder_version")  # cloud mode has no edge encoder
+        self.metrics.video_shadow_bytes.inc(shadow.ByteSize())
 
     async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> _Outgoing:
         """The ActRequest for `step` and what _act completes it with; video observations are left to _act."""
@@ -281,7 +295,7 @@ class _ActStream:
         self.run_id = ""
         self.call: grpc.aio.StreamStreamCall | None = None
         self.lease: Lease | None = None  # the inference replica `call` is open on
-        self.video: VideoStreamEncoder | None = None  # cloud h264: this call's encoders, one per env
+        self.video: VideoStreamEncoder | None = None  # cloud h264 or --video-shadow: this call's encoders, one per env
         self.opened = 0  # Act streams opened so far for this environment stream
         self.new_call_state()
 

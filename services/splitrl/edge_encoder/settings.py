@@ -3,7 +3,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from splitrl.core.backoff import RedialSettings
 from splitrl.core.config import (
@@ -84,3 +84,12 @@ class EdgeEncoderSettings(
         description="Longest wait (s) for inference to answer one step; past it the Act stream is reopened "
         "(keep it below the environment's peer_timeout_s).",
     )
+
+    @model_validator(mode="after")
+    def _shadow_in_split_modes(self) -> EdgeEncoderSettings:
+        if self.video_shadow and self.mode == "cloud":
+            raise ValueError(
+                "video_shadow=True counts what cloud mode's H.264 stream would send during a split run; in "
+                "mode='cloud' run --codec h264 instead, whose bytes are the measure itself"
+            )
+        return self

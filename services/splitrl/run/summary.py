@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
-from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_UPDATES
+from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_UPDATES, VIDEO_SHADOW_BYTES
 from splitrl.run import files
 from splitrl.run.launcher import Supervisor
 from splitrl.run.settings import RunSettings
@@ -102,7 +102,24 @@ def build_summary(
         "wan_bytes": wan_bytes,
         "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
         "links": links,
+        "cloud_h264_shadow": cloud_h264_shadow(texts, links, steps),
         "curve": curve,
+    }
+
+
+def cloud_h264_shadow(texts: list[str], links: dict[str, Any], steps: int) -> dict[str, float] | None:
+    """A split run with --video-shadow: cloud mode's WAN bytes over H.264 for the same driving (its ActRequests,
+    counted on the edge, plus the actions inference sent back, which cloud sends alike), and the split's WAN
+    bytes as a share of them. None for a run without a shadow."""
+    shadow_requests = scrape.total(texts, f"{VIDEO_SHADOW_BYTES}_total")
+    if not shadow_requests or not steps:
+        return None
+    actions = links.get("encoder-inference", {}).get("rollout", {}).get("action", {}).get("sent", {}).get("bytes", 0)
+    cloud = shadow_requests + actions
+    return {
+        "wan_bytes": cloud,
+        "wan_bytes_per_env_step": cloud / steps,
+        "split_share": sum(scrape.wan_by_phase(links).values()) / cloud,
     }
 
 
