@@ -5,7 +5,9 @@ agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
+import io
 import json
 import os
 import signal
@@ -273,8 +275,7 @@ def _certs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 PID`: every thread's stack to stderr (a service's: its log)
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_stacks_on_sigusr1()
     serving = argv[1] if len(argv) > 1 and argv[0] == "serve" and argv[1] in SERVICES else None
     parser = build_parser(serving)
     args = parser.parse_args(argv)
@@ -291,6 +292,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "bench":
         return _bench(parser, args)
     return _up(parser, args)
+
+
+def _dump_stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID`: every thread's stack to stderr (a service's: its log), to see what a stuck run does.
+    Not where stderr has no file descriptor (main() called in-process with its output captured)."""
+    if hasattr(signal, "SIGUSR1"):
+        with contextlib.suppress(io.UnsupportedOperation, ValueError, AttributeError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> int:
