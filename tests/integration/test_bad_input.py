@@ -125,7 +125,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         ),
         (
             coded_rewards(b"\x00", 2.0),
-            "rewards has 1 entries for 2 envs",
+            "reward_codes has 1 codes for 2 envs",
         ),
         (
             coded_rewards(b"\x00\x01", float("inf")),

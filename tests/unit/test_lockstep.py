@@ -121,7 +121,7 @@ def reward_round_trip(steps: list[list[float]]) -> tuple[list[list[float]], list
         sender.put(request, rewards)
         sizes.append(request.ByteSize())
         wire = rollout_pb2.ActRequest.FromString(request.SerializeToString())
-        receiver.get(wire)
+        receiver.get(wire, len(rewards))
         arrived.append(list(wire.rewards))
     return arrived, sizes
 
@@ -160,7 +160,7 @@ def test_rewards_arrive_bit_for_bit(steps):
 
 def test_the_plain_form_is_read_as_it_is():
     request = rollout_pb2.ActRequest(rewards=[1.5, -2.0])
-    RewardBook().get(request)
+    RewardBook().get(request, 2)
     assert list(request.rewards) == [1.5, -2.0]
 
 
@@ -172,8 +172,12 @@ def test_the_plain_form_is_read_as_it_is():
         ({"reward_codes": b"\x01", "new_rewards": [1.0]}, "0 zero codes for 1 new_rewards"),
         ({"reward_codes": b"\x00\x02", "new_rewards": [1.0]}, "names slot 2; this stream has filled 1"),
         ({"reward_codes": b"\xff"}, "names slot 255; this stream has filled 0"),
+        ({"reward_codes": b"\x00\x01\x01", "new_rewards": [1.0]}, "has 3 codes for 2 envs"),
+        # Refused by its length before one code is read: the message's size is no bound on the work.
+        ({"reward_codes": b"\x00" + b"\x01" * 10**6, "new_rewards": [1.0]}, "has 1000001 codes for 2 envs"),
     ],
 )
 def test_a_coded_form_that_does_not_add_up_is_refused(fields, message):
+    envs = 2 if len(fields["reward_codes"]) != 1 else 1
     with pytest.raises(BadRequest, match=message):
-        RewardBook().get(rollout_pb2.ActRequest(**fields))
+        RewardBook().get(rollout_pb2.ActRequest(**fields), envs)

@@ -96,10 +96,11 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         finally:  # still inside StopSignal: a second Ctrl-C cannot cut this short and leave children behind
             stop_all(supervisor.children)
             progress.close()
-    if start_failed:  # no run took place: nothing that looks like a result
-        return 1
-    summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
-    _write_results(summary, run_dir, supervisor, tensorboard, offset)
+        if start_failed:  # no run took place: nothing that looks like a result
+            return 1
+        # Inside StopSignal too: a Ctrl-C now would leave no summary, or TensorBoard's writer half-flushed.
+        summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
+        _write_results(summary, run_dir, supervisor, tensorboard, offset)
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
     return 130 if interrupted else (1 if failed or died else 0)

@@ -169,16 +169,19 @@ class RewardBook:
         request.reward_codes = bytes(codes)
         request.new_rewards[:] = new_rewards
 
-    def get(self, request: Any) -> None:
+    def get(self, request: Any, envs: int) -> None:
         """Receiver: fill `request.rewards` (the plain form, which LockstepStream.accept and the trajectory read)
-        from its coded form; a request in the plain form is left as it is. BadRequest if it mixes the forms,
-        has more or fewer new values than codes 0, or names an empty slot; new values are then in the book,
-        but a refused message ends its stream, so it is never read again."""
+        from its coded form for `envs` envs; a request in the plain form is left as it is. BadRequest if it mixes
+        the forms, has other than `envs` codes (checked first: the message's size bounds nothing here), more or
+        fewer new values than codes 0, or names an empty slot; new values are then in the book, but a refused
+        message ends its stream, so it is never read again."""
         if not request.reward_codes and not request.new_rewards:
             return
         if request.rewards:
             raise BadRequest("ActRequest sets both rewards and reward_codes / new_rewards; one form only")
         codes = request.reward_codes
+        if len(codes) != envs:
+            raise BadRequest(f"ActRequest.reward_codes has {len(codes)} codes for {envs} envs")
         if codes.count(0) != len(request.new_rewards):
             raise BadRequest(
                 f"ActRequest.reward_codes has {codes.count(0)} zero codes for {len(request.new_rewards)} new_rewards"

@@ -207,7 +207,7 @@ class _EdgeStream:
         # The fields the stream's previous message implied are filled in (after metering: the bytes were what crossed).
         request.first_step_id = self.step_ids.get(request)
         request.encoder_version = self.encoder_version.get(request, "encoder_version")
-        self.rewards.get(request)
+        self.rewards.get(request, n)
         if request.first_step_id + n > 2**63 or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest's step ids (first_step_id + rows) and encoder_version must be below 2**63")
         starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated"))
