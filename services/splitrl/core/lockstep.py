@@ -143,26 +143,29 @@ class RewardBook:
         self._slot_of: dict[bytes, int] = {}  # float32 bits -> slot, for the sender
         self._next_slot = 1  # the slot the next new value takes
 
-    def _remember(self, value: float) -> None:
+    def _remember(self, bits: bytes) -> float:
+        """Put the float32 `bits` in the next slot; returns its value."""
+        (value,) = struct.unpack("<f", bits)
         slot = self._next_slot
         if slot <= len(self._slots):  # the book is full: the oldest value goes
             self._slot_of.pop(_bits(self._slots[slot - 1]), None)
             self._slots[slot - 1] = value
         else:
             self._slots.append(value)
-        self._slot_of[_bits(value)] = slot
+        self._slot_of[bits] = slot
         self._next_slot = slot % self.SLOTS + 1
+        return value
 
     def put(self, request: Any, rewards: Sequence[float]) -> None:
         """Sender: set `request`'s reward_codes and new_rewards for `rewards` (float32 values, one per env)."""
         codes = bytearray()
         new_rewards = []
         for reward in rewards:
-            slot = self._slot_of.get(_bits(reward))
+            bits = _bits(reward)
+            slot = self._slot_of.get(bits)
             if slot is None:
                 codes.append(0)
-                new_rewards.append(reward)
-                self._remember(struct.unpack("<f", _bits(reward))[0])
+                new_rewards.append(self._remember(bits))
             else:
                 codes.append(slot)
         request.ClearField("rewards")
@@ -190,8 +193,7 @@ class RewardBook:
         rewards = []
         for code in codes:
             if code == 0:
-                value = next(new_rewards)
-                self._remember(value)
+                value = self._remember(_bits(next(new_rewards)))
             elif code <= len(self._slots):
                 value = self._slots[code - 1]
             else:
