@@ -40,6 +40,14 @@ def test_wan_counters_account_for_the_veth_bytes(tmp_path, mode):
     # ... and the payload is most of it: framing stays a bounded share for these message sizes.
     assert result.counted / result.kernel > 0.5, result.markdown()
     assert result.http2_grpc > 0  # HTTP/2 and gRPC framing exists and is measured, not assumed
+    # The frames read on the veth account for that framing: every message inside a DATA frame, with its 9 B frame
+    # and 5 B gRPC headers; the rest are other frames. The sum misses only the per-packet header estimate's error
+    # (a SYN's longer TCP options).
+    assert result.unparsed_bytes == 0, result.markdown()
+    assert result.frame_bytes["DATA"] >= result.counted + 14 * result.frames["DATA"] // 2
+    assert result.frames["WINDOW_UPDATE"] > 0 and result.frames.get("PING", 0) <= 4, result.frames
+    framing = sum(result.frame_bytes.values()) - result.counted
+    assert abs(framing - result.http2_grpc) < 0.01 * result.kernel, result.markdown()
 
 
 def test_a_shaped_uplink_still_runs_and_is_reported(tmp_path):

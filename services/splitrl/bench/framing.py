@@ -7,7 +7,8 @@ namespaces, and both are deleted afterwards). So every byte the two WAN links
 move crosses that veth, and nothing else does. `splitrl_link_bytes_total`
 counts serialized protobuf messages; the kernel counts whole frames. The
 difference is the framing: Ethernet/IP/TCP headers (estimated per packet) and
-the rest, HTTP/2 + gRPC (frame headers, HEADERS, SETTINGS, WINDOW_UPDATE, PING).
+the rest, HTTP/2 + gRPC (frame headers, HEADERS, SETTINGS, WINDOW_UPDATE, PING), which a raw socket on the
+edge's veth reads frame by frame under plaintext (bench.http2_frames).
 `uplink_kbit` shapes the edge's egress with a `tbf` qdisc to emulate a narrow uplink.
 Needs root (CAP_NET_ADMIN) and iproute2; `unavailable()` says why not.
 """
@@ -19,11 +20,14 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pydantic import Field
 
+from splitrl.bench.http2_frames import FrameTally
 from splitrl.core import scrape
 from splitrl.core.config import TlsMode
 from splitrl.core.metrics import ENV_STEPS, WAN_LINKS
@@ -64,6 +68,12 @@ class FramingResult:
     kernel_down: int
     packets_up: int
     packets_down: int
+    #: HTTP/2 frames on the veth by type, both ways (empty under TLS, where frames are inside records).
+    frames: dict[str, int] = field(default_factory=dict)
+    #: Their bytes, each frame with its 9 B header.
+    frame_bytes: dict[str, int] = field(default_factory=dict)
+    #: TCP payload bytes the frame reader could not cut into frames (a segment the raw socket missed).
+    unparsed_bytes: int = 0
 
     @property
     def counted(self) -> int:
@@ -102,12 +112,37 @@ class FramingResult:
                 f"| Ethernet/IP/TCP headers ({L2_L4_HEADER_BYTES} B x {self.packets_up + self.packets_down:,} packets) "
                 f"| | | {self.l2_l4_headers:,} | {share(self.l2_l4_headers)} |",
                 f"| HTTP/2 + gRPC framing (the rest) | | | {self.http2_grpc:,} | {share(self.http2_grpc)} |",
+                *self._frame_rows(share),
                 "",
                 f"Per env step: {self.counted / max(self.env_steps, 1):,.1f} B counted, "
                 f"{self.kernel / max(self.env_steps, 1):,.1f} B on the wire (kernel).",
                 "",
             ]
         )
+
+    def _frame_rows(self, share: Callable[[int], str]) -> list[str]:
+        """The framing row cut by frame type, where the frames were read."""
+        if not self.frame_bytes:
+            return []
+        data_headers = self.frame_bytes.get("DATA", 0) - self.counted
+        messages = self.frames.get("DATA", 0)
+        rows = [
+            f"| - DATA frame + gRPC message headers ({messages:,} messages) | | | {data_headers:,} "
+            f"| {share(data_headers)} |"
+        ]
+        for kind in ("WINDOW_UPDATE", "PING"):
+            rows.append(
+                f"| - {kind} frames ({self.frames.get(kind, 0):,}) | | | {self.frame_bytes.get(kind, 0):,} "
+                f"| {share(self.frame_bytes.get(kind, 0))} |"
+            )
+        others = {kind: n for kind, n in self.frames.items() if kind not in ("DATA", "WINDOW_UPDATE", "PING")}
+        other_bytes = sum(self.frame_bytes[kind] for kind in others)
+        named = ", ".join(f"{kind} {n:,}" for kind, n in sorted(others.items()))
+        rows.append(f"| - other frames ({named}) | | | {other_bytes:,} | {share(other_bytes)} |")
+        if self.unparsed_bytes:
+            missed = self.unparsed_bytes
+            rows.append(f"| - not read as frames (segments missed) | | | {missed:,} | {share(missed)} |")
+        return rows
 
 
 def unavailable() -> str | None:
@@ -189,26 +224,15 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     namespaces = _Namespaces(str(os.getpid() % 1_000_000))
     namespaces.create(settings.uplink_kbit)
     children: dict[str, Child] = {}
-    hosts = {name: CLOUD_IP if name in CLOUD_SERVICES else "127.0.0.1" for name in START_ORDER}
+    # Frames are readable under plaintext only; the tally starts before any connection, so it sees every SYN.
+    tally = FrameTally(namespaces.edge_dev, namespace=namespaces.edge) if settings.tls == "plaintext" else None
     try:
-        prepare_tls(settings, run_dir)
-        for name in START_ORDER:
-            planned = plan(settings, run_dir, serving_addresses(children, hosts), hosts=hosts)[name]
-            if settings.tls != "plaintext":  # peers are dialled at CLOUD_IP, which the loopback certificates lack
-                planned = amended(planned, tls_server_name="localhost")
-            namespace = namespaces.cloud if name in CLOUD_SERVICES else namespaces.edge
-            children[name] = spawn(name, planned, run_dir, ("ip", "netns", "exec", namespace))
-            wait_ready(children[name], run_dir, settings.start_timeout_s)
-        started = time.monotonic()
-        try:
-            children["environment"].process.wait(settings.timeout_s)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(
-                f"the run did not finish within {settings.timeout_s:.0f}s; see {run_dir / 'logs'}"
-            ) from None
-        seconds = time.monotonic() - started
+        with tally or nullcontext():
+            try:
+                seconds = _run_split(settings, run_dir, namespaces, children)
+            finally:
+                stop_all(children)
     finally:
-        stop_all(children)
         counters = namespaces.edge_counters()
         namespaces.delete()
     edge = scrape.link_counts([(run_dir / "metrics" / "edge-encoder.prom").read_text()])
@@ -229,7 +253,34 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
         kernel_down=counters["rx_bytes"],
         packets_up=counters["tx_packets"],
         packets_down=counters["rx_packets"],
+        frames={kind: tally.counts.count_of(kind) for kind in _kinds(tally)} if tally else {},
+        frame_bytes={kind: tally.counts.bytes_of(kind) for kind in _kinds(tally)} if tally else {},
+        unparsed_bytes=tally.counts.unparsed_bytes if tally else 0,
     )
+
+
+def _run_split(settings: FramingSettings, run_dir: Path, namespaces: _Namespaces, children: dict[str, Child]) -> float:
+    """Start the edge services in the edge namespace and the cloud's in the cloud's (into `children`, which the
+    caller stops), and wait for the environment to finish its steps; the seconds that took once all served."""
+    hosts = {name: CLOUD_IP if name in CLOUD_SERVICES else "127.0.0.1" for name in START_ORDER}
+    prepare_tls(settings, run_dir)
+    for name in START_ORDER:
+        planned = plan(settings, run_dir, serving_addresses(children, hosts), hosts=hosts)[name]
+        if settings.tls != "plaintext":  # peers are dialled at CLOUD_IP, which the loopback certificates lack
+            planned = amended(planned, tls_server_name="localhost")
+        namespace = namespaces.cloud if name in CLOUD_SERVICES else namespaces.edge
+        children[name] = spawn(name, planned, run_dir, ("ip", "netns", "exec", namespace))
+        wait_ready(children[name], run_dir, settings.start_timeout_s)
+    started = time.monotonic()
+    try:
+        children["environment"].process.wait(settings.timeout_s)
+    except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the run did not finish within {settings.timeout_s:.0f}s; see {run_dir / 'logs'}") from None
+    return time.monotonic() - started
+
+
+def _kinds(tally: FrameTally) -> list[str]:
+    return sorted({kind for _, kind in tally.counts.frames})
 
 
 def _wan_codec(settings: FramingSettings) -> str:
