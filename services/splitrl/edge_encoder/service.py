@@ -27,23 +27,22 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple
 
 import grpc
 import torch
 
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
-from splitrl.core.framestack import FrameRow, FrameStacker
-from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor
+from splitrl.core.framestack import FrameRow
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
-from splitrl.core.replicas import Lease, Replicas
+from splitrl.core.replicas import Replicas
 from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
+from splitrl.edge_encoder.streams import ActStream, EnvStream, Outgoing, passed_on
 from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -127,9 +126,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     ) -> AsyncIterator[rollout_pb2.EnvAction]:
         env_run_id = dict(context.invocation_metadata() or ()).get(codecs.RUN_ID_METADATA_KEY) or codecs.new_run_id()
         assert self._inference is not None, "start() not called"
-        stream = _EnvStream(self.settings)
-        upstream = _ActStream(env_run_id, self._inference)
-        redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=_passed_on)
+        stream = EnvStream(self.settings)
+        upstream = ActStream(env_run_id, self._inference)
+        redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=passed_on)
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
@@ -148,7 +147,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         finally:
             upstream.close()
 
-    async def _act(self, upstream: _ActStream, outgoing: _Outgoing, redial: Redial) -> rollout_pb2.ActResponse:
+    async def _act(self, upstream: ActStream, outgoing: Outgoing, redial: Redial) -> rollout_pb2.ActResponse:
         """Send `outgoing` to inference and return its answer, reopening the Act stream as often as it breaks.
 
         The environment's step is held meanwhile and sent again, as sequence 0 of a stream with a new run id:
@@ -165,10 +164,11 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             upstream.step_ids.put(request, outgoing.first_step_id)
             upstream.rewards.put(request, outgoing.rewards)
             upstream.encoder_version.put(request, "encoder_version", outgoing.encoder_version)
+            shadow: asyncio.Task[None] | None = None
             if upstream.video is not None and self.stream_kind == "video":
                 await self._encode_video(upstream.video, request, outgoing.frames)
-            elif upstream.video is not None:  # --video-shadow
-                await self._count_shadow(upstream.video, request, outgoing.frames)
+            elif upstream.video is not None:  # --video-shadow, encoded while the exchange waits on inference
+                shadow = asyncio.create_task(self._count_shadow(upstream.video, request, outgoing.frames))
             try:
                 response = await self._exchange(call, request, upstream)
                 redial.answered()
@@ -179,8 +179,11 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                     f"env run {upstream.env_run_id}: Act stream {lost} to inference, after {upstream.answered} steps,"
                 )
                 await redial.lost(error, what)
+            finally:
+                if shadow is not None:  # before `request` changes for another stream, and before the next frames
+                    await shadow
 
-    def _open(self, upstream: _ActStream) -> grpc.aio.StreamStreamCall:
+    def _open(self, upstream: ActStream) -> grpc.aio.StreamStreamCall:
         # The first Act stream carries the environment's run id; each reopened one a new id derived from it.
         upstream.run_id = upstream.env_run_id if upstream.opened == 0 else f"{upstream.env_run_id}.{upstream.opened}"
         upstream.opened += 1
@@ -198,7 +201,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         return upstream.call
 
     async def _exchange(
-        self, call: grpc.aio.StreamStreamCall, request: rollout_pb2.ActRequest, upstream: _ActStream
+        self, call: grpc.aio.StreamStreamCall, request: rollout_pb2.ActRequest, upstream: ActStream
     ) -> rollout_pb2.ActResponse:
         """One request / response on an open Act stream; raises if it is broken or inference does not answer."""
         sent_at = time.perf_counter()
@@ -234,15 +237,16 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
     ) -> None:
         """--video-shadow: count the bytes `request` (complete but for the meter) would have had in cloud mode
-        over H.264, `frames` encoded by this Act stream's shadow encoders (on the compute thread)."""
-        packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        over H.264, `frames` encoded by this Act stream's shadow encoders (on the compute thread, which is idle
+        while the request's exchange waits on inference)."""
         shadow = rollout_pb2.ActRequest()
         shadow.CopyFrom(request)  # the headers as sent
-        shadow.observations.CopyFrom(packets)
         shadow.ClearField("encoder_version")  # cloud mode has no edge encoder
+        packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        shadow.observations.CopyFrom(packets)
         self.metrics.video_shadow_bytes.inc(shadow.ByteSize())
 
-    async def _act_request(self, stream: _EnvStream, step: rollout_pb2.EnvStep) -> _Outgoing:
+    async def _act_request(self, stream: EnvStream, step: rollout_pb2.EnvStep) -> Outgoing:
         """The ActRequest for `step` and what _act completes it with; video observations are left to _act."""
         frames, episode_start = stream.accept(step)
         step_ids = [next(self._step_ids) for _ in range(frames.shape[0])]
@@ -263,7 +267,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         request = rollout_pb2.ActRequest(
             observations=observations, terminated=step.terminated, truncated=step.truncated
         )
-        return _Outgoing(request, frames, step_ids[0], encoder_version, list(step.rewards))
+        return Outgoing(request, frames, step_ids[0], encoder_version, list(step.rewards))
 
     def _encode(self, step_ids: list[int], stacks: torch.Tensor, rows: list[FrameRow]) -> tuple[wire.Tensor, int]:
         """On the compute thread: remember the stacks (as `rows` of shared frames) for training, return (encoded
@@ -274,72 +278,3 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         with torch.no_grad():
             activations = self.trainer.encoder(stacks)
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
-
-
-class _Outgoing(NamedTuple):
-    """One env step on its way to inference: the ActRequest but for its per-stream fields, and their values."""
-
-    request: rollout_pb2.ActRequest
-    frames: torch.Tensor  # uint8 [N, S, S], the newest frame of each env (encoded per stream in video mode)
-    first_step_id: int
-    encoder_version: int
-    rewards: list[float]  # one per env, float32 values
-
-
-class _ActStream:
-    """The Act stream that serves one environment stream now; replaced (new run id) whenever it breaks."""
-
-    def __init__(self, env_run_id: str, replicas: Replicas) -> None:
-        self.env_run_id = env_run_id
-        self.replicas = replicas
-        self.run_id = ""
-        self.call: grpc.aio.StreamStreamCall | None = None
-        self.lease: Lease | None = None  # the inference replica `call` is open on
-        self.video: VideoStreamEncoder | None = None  # cloud h264 or --video-shadow: this call's encoders, one per env
-        self.opened = 0  # Act streams opened so far for this environment stream
-        self.new_call_state()
-
-    def new_call_state(self) -> None:
-        """What each end of an Act stream keeps (core.lockstep) starts over with each call."""
-        self.answered = 0  # ActRequests answered on `call`
-        self.step_ids, self.encoder_version, self.policy_version = StepIdCursor(), Carried(), Carried()
-        self.rewards = RewardBook()
-
-    def close(self) -> str:
-        """Cancel the current call, if any; returns its run id."""
-        if self.call is not None:
-            self.call.cancel()
-            self.call = None
-        if self.lease is not None:
-            self.replicas.release(self.lease)
-            self.lease = None
-        self.video = None  # its encoders served that call only
-        return self.run_id
-
-
-def _passed_on(error: grpc.aio.AioRpcError) -> Exception:
-    """Inference's refusal, raised to the environment with the same status."""
-    return rpc.UpstreamFailed("inference", error)
-
-
-class _EnvStream:
-    """One environment stream: its lockstep state (core.lockstep) and its frame stacks."""
-
-    def __init__(self, settings: EdgeEncoderSettings) -> None:
-        self.settings = settings
-        self.lockstep = LockstepStream("EnvStep")
-        self.stacker: FrameStacker
-
-    @property
-    def num_envs(self) -> int | None:
-        return self.lockstep.num_envs
-
-    def accept(self, step: rollout_pb2.EnvStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Validate `step`; return its frames uint8 [N, S, S] and which rows start an episode, bool [N]."""
-        size = self.settings.frame_size
-        frames = wire.decode(step.frames, expect_dtype=wire.DType.DTYPE_UINT8, expect_shape=[self.num_envs, size, size])
-        first = self.num_envs is None
-        episode_start = self.lockstep.accept(step, frames.shape[0], ("rewards", "terminated", "truncated"))
-        if first:
-            self.stacker = FrameStacker(frames.shape[0], self.settings.frame_stack, size, size)
-        return frames, episode_start
