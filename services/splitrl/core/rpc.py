@@ -29,21 +29,21 @@ log = logging.getLogger(__name__)
 #: step is ~19 MB; replay batches are bounded by the learner's batch size.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
-#: Each HTTP/2 stream's flow-control window (bytes), fixed: gRPC's bandwidth probing is off.
-FLOW_CONTROL_WINDOW_BYTES = 8 * 1024 * 1024
-#: Both ends of every link. gRPC sizes its windows by default by probing the bandwidth-delay product with PINGs
-#: (BDP probes), each answered by a PING ack, mostly in packets of their own: on the edge's small lockstep
-#: messages they were 21% of the WAN's packets and 11% of its kernel bytes (`splitrl bench framing`, CarRacing
-#: split, 123.4 -> 109.7 B per env step). A fixed 8 MiB window lets any message up to that size through in one
-#: round trip, and a larger one after one window update (gRPC announces a pending message's size); the
-#: window that probing settles on on loopback was 4-16 MiB.
-FLOW_CONTROL_OPTIONS: Sequence[tuple[str, Any]] = (
+#: Each HTTP/2 stream's flow-control window on a WAN link (bytes), fixed: gRPC's bandwidth probing is off there.
+WAN_WINDOW_BYTES = 8 * 1024 * 1024
+#: Both ends of each WAN link (the edge-encoder's dials, and the servers edges dial: inference, learner).
+#: gRPC sizes its windows by probing the bandwidth-delay product with PINGs, each answered by a PING ack,
+#: mostly in packets of their own: on the edge's small lockstep messages they were ~20% of the WAN's packets
+#: and ~10% of its kernel bytes (`splitrl bench framing`, CarRacing split: 123.4 -> 111.7 B per env step).
+#: A fixed 8 MiB window lets any message up to that size cross in one round trip, and a larger one after one
+#: window update. Links inside the cloud or the edge keep the probing: streaming 72 KB messages on loopback
+#: ran 15-20% faster with it (`bench.link`), and their packets cost nothing.
+WAN_FLOW_CONTROL: Sequence[tuple[str, Any]] = (
     ("grpc.http2.bdp_probe", 0),
-    ("grpc.http2.lookahead_bytes", FLOW_CONTROL_WINDOW_BYTES),
+    ("grpc.http2.lookahead_bytes", WAN_WINDOW_BYTES),
 )
 
 CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
-    *FLOW_CONTROL_OPTIONS,
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 20_000),
@@ -56,7 +56,6 @@ CHANNEL_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.max_reconnect_backoff_ms", 2_000),
 )
 SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
-    *FLOW_CONTROL_OPTIONS,
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_permit_without_calls", 1),
@@ -186,9 +185,10 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
 
 
 async def create_server(
-    metrics: Metrics, service_names: Sequence[str], token: str | None = None
+    metrics: Metrics, service_names: Sequence[str], token: str | None = None, *, wan: bool = False
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
+    `wan`: edges dial it across the WAN (WAN_FLOW_CONTROL).
 
     Health starts NOT_SERVING for every name; the caller flips it once ready. With a `token`, every call
     but health checks must carry it (security.BearerTokenInterceptor, outermost so nothing runs before it).
@@ -196,7 +196,8 @@ async def create_server(
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(metrics)]
     if token is not None:
         interceptors.insert(0, security.BearerTokenInterceptor(token, metrics))
-    server = grpc.aio.server(interceptors=interceptors, options=list(SERVER_OPTIONS))
+    options = [*SERVER_OPTIONS, *(WAN_FLOW_CONTROL if wan else ())]
+    server = grpc.aio.server(interceptors=interceptors, options=options)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, serving=False)
@@ -211,17 +212,23 @@ async def set_serving(health_servicer: health.aio.HealthServicer, service_names:
         await health_servicer.set(name, status)
 
 
-def dial(target: str, transport: TransportSettings) -> grpc.aio.Channel:
+def dial(target: str, transport: TransportSettings, *, wan: bool = False) -> grpc.aio.Channel:
     """The one way a service opens a client channel: splitrl's limits and keepalives, secured as `transport` says.
 
     `transport` is the dialling process's own settings (its certificate, CA and token serve both directions).
+    `wan`: the link crosses the WAN (the edge-encoder's dials): WAN_FLOW_CONTROL.
     """
     loaded = security.load(transport)
-    options = [*CHANNEL_OPTIONS, *loaded.channel_options()]
+    options = [*CHANNEL_OPTIONS, *(WAN_FLOW_CONTROL if wan else ()), *loaded.channel_options()]
     credentials = loaded.channel_credentials()
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=loaded.client_interceptors())
     return grpc.aio.secure_channel(target, credentials, options=options)
+
+
+def dial_wan(target: str, transport: TransportSettings) -> grpc.aio.Channel:
+    """`dial` for a link that crosses the WAN."""
+    return dial(target, transport, wan=True)
 
 
 def insecure_channel(target: str) -> grpc.aio.Channel:

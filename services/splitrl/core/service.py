@@ -38,6 +38,9 @@ class Service(Protocol):
 
     #: Fully qualified gRPC service names it serves (for health and reflection).
     service_names: Sequence[str]
+    #: Whether edges dial this server across the WAN (inference, learner): its links then get the WAN's flow
+    #: control (rpc.WAN_FLOW_CONTROL).
+    serves_wan: bool
 
     def register(self, server: grpc.aio.Server) -> None:
         """Add servicers to the (not yet started) server."""
@@ -135,7 +138,9 @@ class ServiceHost:
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
         transport = security.load(settings)  # before anything starts: bad TLS settings fail here, clearly
-        server, health_servicer = await rpc.create_server(metrics, service.service_names, transport.token)
+        server, health_servicer = await rpc.create_server(
+            metrics, service.service_names, transport.token, wan=service.serves_wan
+        )
         service.register(server)
         credentials, bind = transport.server_credentials(), f"{settings.host}:{settings.port}"
         grpc_port = server.add_insecure_port(bind) if credentials is None else server.add_secure_port(bind, credentials)

@@ -69,7 +69,7 @@ class LearnerLink:
         """Serve the learner until cancelled, redialling with backoff when the stream ends."""
         while True:
             try:
-                async with rpc.dial(self.address, self.transport) as channel:
+                async with rpc.dial(self.address, self.transport, wan=True) as channel:
                     await channel.channel_ready()  # no hello is counted as sent to a learner that is not there
                     await self._serve(training_pb2_grpc.EncoderTrainingStub(channel).Train())
                 error: BaseException = ConnectionError("the learner ended the training stream")

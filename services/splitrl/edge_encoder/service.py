@@ -53,6 +53,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     """One instance per process; each environment stream gets its own stacks and its own inference stream."""
 
     service_names: Sequence[str] = (rollout_pb2.DESCRIPTOR.services_by_name["EdgeEncoder"].full_name,)
+    serves_wan = False  # the environment beside it; its own dials cross the WAN
 
     def __init__(self, settings: EdgeEncoderSettings, metrics: Metrics) -> None:
         self.settings = settings
@@ -109,7 +110,9 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         return self._link_loop.failure
 
     async def start(self) -> None:
-        self._inference = Replicas("inference", self.settings.inference_address, self.settings, self.metrics)
+        self._inference = Replicas(
+            "inference", self.settings.inference_address, self.settings, self.metrics, dial=rpc.dial_wan
+        )
         if self.learner_link is not None:
             self._link_loop.start(self.learner_link.run)
 

@@ -40,6 +40,7 @@ class EnvironmentService(LoopService):
     """Steps `num_envs` envs, in `env_groups` groups, until `max_steps` agent steps (or until stopped)."""
 
     service_names: Sequence[str] = ()
+    serves_wan = False
 
     def __init__(self, settings: EnvironmentSettings, metrics: Metrics) -> None:
         self.settings = settings

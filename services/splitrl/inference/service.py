@@ -43,6 +43,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         rollout_pb2.DESCRIPTOR.services_by_name["Inference"].full_name,
         weights_pb2.DESCRIPTOR.services_by_name["PolicyUpdates"].full_name,
     )
+    serves_wan = True  # edges' Act streams
 
     def __init__(self, settings: InferenceSettings, metrics: Metrics) -> None:
         self.settings = settings

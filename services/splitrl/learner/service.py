@@ -51,6 +51,8 @@ EDGE_WAIT_LOG_S = 10.0
 class LearnerService(LoopService):
     """Trains until stopped (or `max_updates`); checkpoints every `checkpoint_every` updates."""
 
+    serves_wan = True  # edges' training links (split modes)
+
     def __init__(self, settings: LearnerSettings, metrics: Metrics) -> None:
         self.settings = settings
         self.metrics = metrics

@@ -63,6 +63,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
     """
 
     service_names: Sequence[str] = (replay_pb2.DESCRIPTOR.services_by_name["Replay"].full_name,)
+    serves_wan = False
 
     def __init__(self, settings: ReplaySettings, metrics: Metrics) -> None:
         self.settings = settings
