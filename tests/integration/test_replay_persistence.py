@@ -178,6 +178,7 @@ from splitrl.core.service import run_service
 
 class Hangs:
     service_names = ()
+    serves_wan = False
     def register(self, server): pass
     async def start(self): pass
     async def stop(self): time.sleep(3600)  # blocks the event loop itself: only a thread can end this

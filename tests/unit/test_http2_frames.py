@@ -67,3 +67,25 @@ def test_connections_seen_mid_way_or_on_other_ports_are_not_read_as_frames():
     assert not mid_way.counts.frames and mid_way.counts.unparsed_bytes == len(data)
     other_port = tally_of([packet(CLIENT, SERVER, 1, flags=SYN), packet(CLIENT, SERVER, 2, data)], port=443)
     assert not other_port.counts.frames and other_port.counts.unparsed_bytes == 0
+
+
+def test_sequence_numbers_wrap_past_two_to_the_32():
+    data = frame(0x0, b"\0\0\0\0\x03abc")
+    start = (1 << 32) - 5  # the first data byte is 4 before the wrap: the frame straddles it
+    packets = [
+        packet(CLIENT, SERVER, start - 1, flags=SYN),
+        packet(CLIENT, SERVER, start, data[:10]),
+        packet(CLIENT, SERVER, (start + 10) & 0xFFFFFFFF, data[10:] + data),
+    ]
+    counts = tally_of(packets).counts
+    assert counts.count_of("DATA") == 2 and counts.unparsed_bytes == 0
+
+
+def test_malformed_and_fragmented_packets_are_passed_over():
+    good = packet(CLIENT, SERVER, 1, flags=SYN)
+    long_header = bytearray(good)
+    long_header[14] = 0x4F  # an IPv4 header length (60 B) longer than what follows it
+    fragment = bytearray(good)
+    fragment[14 + 6] = 0x20  # more fragments
+    tally = tally_of([bytes(long_header), bytes(fragment), b"\0" * 20, good[:40]])
+    assert not tally.counts.frames and tally.counts.unparsed_bytes == 0

@@ -127,7 +127,7 @@ class FramingResult:
         data_headers = self.frame_bytes.get("DATA", 0) - self.counted
         messages = self.frames.get("DATA", 0)
         rows = [
-            f"| - DATA frame + gRPC message headers ({messages:,} messages) | | | {data_headers:,} "
+            f"| - DATA frame + gRPC message headers ({messages:,} DATA frames) | | | {data_headers:,} "
             f"| {share(data_headers)} |"
         ]
         for kind in ("WINDOW_UPDATE", "PING"):
@@ -222,18 +222,18 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "metrics").mkdir(exist_ok=True)
     namespaces = _Namespaces(str(os.getpid() % 1_000_000))
-    namespaces.create(settings.uplink_kbit)
     children: dict[str, Child] = {}
     # Frames are readable under plaintext only; the tally starts before any connection, so it sees every SYN.
     tally = FrameTally(namespaces.edge_dev, namespace=namespaces.edge) if settings.tls == "plaintext" else None
     try:
+        namespaces.create(settings.uplink_kbit)
         with tally or nullcontext():
             try:
                 seconds = _run_split(settings, run_dir, namespaces, children)
             finally:
                 stop_all(children)
-    finally:
         counters = namespaces.edge_counters()
+    finally:
         namespaces.delete()
     edge = scrape.link_counts([(run_dir / "metrics" / "edge-encoder.prom").read_text()])
     counted = {

@@ -2,12 +2,14 @@
 
 `FrameTally` reads every packet of one interface (a raw AF_PACKET socket: root, or CAP_NET_RAW), optionally
 inside a named network namespace (`ip netns`) and only the TCP connections with a given port. Each direction of
-each connection is put back together from its TCP segments (by sequence number, from its SYN on) and cut into
-HTTP/2 frames (RFC 9113, section 4.1: 9 B header + payload), so a frame split across segments or several frames
-in one segment are each counted once. Plaintext only: under TLS the frames are inside records.
+each connection is followed from its SYN by sequence number and cut into HTTP/2 frames (RFC 9113, section 4.1:
+9 B header + payload), so a frame split across segments or several frames in one segment are each counted once.
+Plaintext IPv4 only: under TLS the frames are inside records.
 
-A connection whose SYN came before the tally started, or that lost a segment to the socket, stops being parsed;
-its bytes from then on are counted in `unparsed_bytes`.
+What it does not read, counted in `unparsed_bytes`: connections whose SYN came before the tally started (or
+carried data), and a connection's bytes after a segment that came early or never (the socket dropped it:
+`dropped_packets`); bytes of a frame still incomplete when the tally ends are not counted at all. On loopback
+each packet is seen once, as "in".
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import socket
+import sys
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +25,9 @@ from pathlib import Path
 
 ETH_P_ALL = 0x0003
 CLONE_NEWNET = 0x40000000
+#: Linux socket options (socket(7), packet(7)) that Python's socket module does not name.
+SO_RCVBUFFORCE = 33
+SOL_PACKET, PACKET_STATISTICS = 263, 6
 ETHERNET_HEADER_BYTES = 14
 FRAME_HEADER_BYTES = 9
 CLIENT_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -63,6 +69,8 @@ class FrameCounts:
     initial_windows: list[int] = field(default_factory=list)
     #: TCP payload bytes not cut into frames (connections seen mid-way, or with a segment missing).
     unparsed_bytes: int = 0
+    #: Packets the kernel could not queue for the tally (its receive buffer was full).
+    dropped_packets: int = 0
 
     def bytes_of(self, kind: str) -> int:
         return sum(b for (_, k), b in self.frame_bytes.items() if k == kind)
@@ -89,21 +97,29 @@ class FrameTally:
 
     def __enter__(self) -> FrameTally:
         self._thread.start()
-        self._ready.wait(timeout=10)
+        if not self._ready.wait(timeout=10):
+            raise RuntimeError(f"the frame tally on {self.interface} did not start within 10 s")
         if self._error is not None:
             raise self._error
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the frame tally on {self.interface} did not stop within 30 s")
+        if self._error is not None:
+            raise self._error
 
     def _run(self) -> None:
         try:
             if self.namespace is not None:
                 _enter_namespace(self.namespace)  # this thread only: a network namespace is per thread
             sniffer = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            sniffer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            try:  # past net.core.rmem_max, which root may do: parsing in Python must not drop packets
+                sniffer.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+            except PermissionError:
+                sniffer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
             sniffer.bind((self.interface, 0))
             sniffer.settimeout(0.1)
         except BaseException as error:  # handed to the caller in __enter__
@@ -111,23 +127,39 @@ class FrameTally:
             self._ready.set()
             return
         self._ready.set()
-        with sniffer:
-            while not self._stop.is_set():
-                try:
-                    packet, address = sniffer.recvfrom(1 << 17)
-                except TimeoutError:
-                    continue
-                # Loopback shows each packet twice (out and in): count the inbound copy there.
-                if self.interface == "lo" and address[2] == socket.PACKET_OUTGOING:
-                    continue
-                self._take(packet, "out" if address[2] == socket.PACKET_OUTGOING else "in")
+        try:
+            with sniffer:
+                while not self._stop.is_set():
+                    self._read(sniffer)
+                sniffer.setblocking(False)
+                while self._read(sniffer):  # what was queued before the stop
+                    pass
+                tp_packets_and_drops = sniffer.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
+                self.counts.dropped_packets = int.from_bytes(tp_packets_and_drops[4:8], sys.byteorder)
+        except BaseException as error:  # handed to the caller in __exit__
+            self._error = error
+
+    def _read(self, sniffer: socket.socket) -> bool:
+        """Take one packet; False when none came (a timeout, or none queued)."""
+        try:
+            packet, address = sniffer.recvfrom(1 << 17)
+        except (TimeoutError, BlockingIOError):
+            return False
+        # Loopback shows each packet twice (out and in): count the inbound copy there.
+        if not (self.interface == "lo" and address[2] == socket.PACKET_OUTGOING):
+            self._take(packet, "out" if address[2] == socket.PACKET_OUTGOING else "in")
+        return True
 
     def _take(self, packet: bytes, direction: str) -> None:
         ip = packet[ETHERNET_HEADER_BYTES:]
         if len(ip) < 40 or ip[0] >> 4 != 4 or ip[9] != socket.IPPROTO_TCP:
             return
+        if int.from_bytes(ip[6:8], "big") & 0x3FFF:  # a fragment (MF set, or an offset): not seen on TCP here
+            return
         ip_end = int.from_bytes(ip[2:4], "big")
         tcp = ip[(ip[0] & 0x0F) * 4 : ip_end]
+        if len(tcp) < 20 or len(tcp) < (tcp[12] >> 4) * 4:
+            return
         ports = int.from_bytes(tcp[0:2], "big"), int.from_bytes(tcp[2:4], "big")
         if self.port is not None and self.port not in ports:
             return

@@ -35,9 +35,11 @@ WAN_WINDOW_BYTES = 8 * 1024 * 1024
 #: gRPC sizes its windows by probing the bandwidth-delay product with PINGs, each answered by a PING ack,
 #: mostly in packets of their own: on the edge's small lockstep messages they were ~20% of the WAN's packets
 #: and ~10% of its kernel bytes (`splitrl bench framing`, CarRacing split: 123.4 -> 111.7 B per env step).
-#: A fixed 8 MiB window lets any message up to that size cross in one round trip, and a larger one after one
-#: window update. Links inside the cloud or the edge keep the probing: streaming 72 KB messages on loopback
-#: ran 15-20% faster with it (`bench.link`), and their packets cost nothing.
+#: A fixed 8 MiB window lets any message up to that size cross in one round trip, and a larger one after window
+#: updates. Links inside the cloud or the edge keep the probing: streaming 72 KB messages on loopback ran 15-20%
+#: faster with it (`bench.link`, the options switched in code), and their packets cost nothing. One exception:
+#: the learner's weights reach inference on inference's (WAN) server, so that cloud link has the fixed window
+#: too (one weights message per update, well under 8 MiB at the recipe's sizes).
 WAN_FLOW_CONTROL: Sequence[tuple[str, Any]] = (
     ("grpc.http2.bdp_probe", 0),
     ("grpc.http2.lookahead_bytes", WAN_WINDOW_BYTES),
@@ -224,11 +226,6 @@ def dial(target: str, transport: TransportSettings, *, wan: bool = False) -> grp
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=loaded.client_interceptors())
     return grpc.aio.secure_channel(target, credentials, options=options)
-
-
-def dial_wan(target: str, transport: TransportSettings) -> grpc.aio.Channel:
-    """`dial` for a link that crosses the WAN."""
-    return dial(target, transport, wan=True)
 
 
 def insecure_channel(target: str) -> grpc.aio.Channel:

@@ -22,6 +22,7 @@ learner (`learner_link`), which trains the encoder through it. All encoder work
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -42,7 +43,7 @@ from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
-from splitrl.edge_encoder.streams import ActStream, EnvStream, Outgoing, passed_on
+from splitrl.edge_encoder.streams import ActStream, EnvStream, Outgoing
 from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
@@ -111,7 +112,11 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
     async def start(self) -> None:
         self._inference = Replicas(
-            "inference", self.settings.inference_address, self.settings, self.metrics, dial=rpc.dial_wan
+            "inference",
+            self.settings.inference_address,
+            self.settings,
+            self.metrics,
+            dial=functools.partial(rpc.dial, wan=True),
         )
         if self.learner_link is not None:
             self._link_loop.start(self.learner_link.run)
@@ -131,7 +136,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         assert self._inference is not None, "start() not called"
         stream = EnvStream(self.settings)
         upstream = ActStream(env_run_id, self._inference)
-        redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=passed_on)
+        redial = Redial("inference", Backoff.of(self.settings), self.metrics, refused=_passed_on)
         try:
             async for step in request_iterator:
                 self.env_meter.received(step, phase="rollout", payload="observation")
@@ -171,20 +176,19 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             if upstream.video is not None and self.stream_kind == "video":
                 await self._encode_video(upstream.video, request, outgoing.frames)
             elif upstream.video is not None:  # --video-shadow, encoded while the exchange waits on inference
-                shadow = asyncio.create_task(self._count_shadow(upstream.video, request, outgoing.frames))
+                shadow = asyncio.create_task(self._count_shadow(upstream.video, _shadow_of(request), outgoing.frames))
             try:
                 response = await self._exchange(call, request, upstream)
                 redial.answered()
+                if shadow is not None:  # this Act stream's shadow encoders take the next frames after these
+                    await shadow
                 return response
             except FAILURES as error:
-                lost = upstream.close()
+                lost = upstream.close()  # and with it the shadow encoders: a task still encoding is left to end
                 what = (
                     f"env run {upstream.env_run_id}: Act stream {lost} to inference, after {upstream.answered} steps,"
                 )
                 await redial.lost(error, what)
-            finally:
-                if shadow is not None:  # before `request` changes for another stream, and before the next frames
-                    await shadow
 
     def _open(self, upstream: ActStream) -> grpc.aio.StreamStreamCall:
         # The first Act stream carries the environment's run id; each reopened one a new id derived from it.
@@ -237,15 +241,17 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         request.observations.CopyFrom(message)
 
     async def _count_shadow(
-        self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
+        self, video: VideoStreamEncoder, shadow: rollout_pb2.ActRequest, frames: torch.Tensor
     ) -> None:
-        """--video-shadow: count the bytes `request` (complete but for the meter) would have had in cloud mode
-        over H.264, `frames` encoded by this Act stream's shadow encoders (on the compute thread, which is idle
-        while the request's exchange waits on inference)."""
-        shadow = rollout_pb2.ActRequest()
-        shadow.CopyFrom(request)  # the headers as sent
-        shadow.ClearField("encoder_version")  # cloud mode has no edge encoder
-        packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        """--video-shadow: count the bytes `shadow` (_shadow_of the request as sent) has once `frames` are in it
+        as this Act stream's shadow encoders code them. The encode queues on the compute thread with the env
+        groups' encoder work and runs while the exchange waits on inference. A failed encode is logged, not
+        counted, and never ends the stream: this is a measurement."""
+        try:
+            packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+        except Exception:
+            log.exception("--video-shadow: encoding failed; this step is not counted")
+            return
         shadow.observations.CopyFrom(packets)
         self.metrics.video_shadow_bytes.inc(shadow.ByteSize())
 
@@ -281,3 +287,16 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         with torch.no_grad():
             activations = self.trainer.encoder(stacks)
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
+
+
+def _passed_on(error: grpc.aio.AioRpcError) -> Exception:
+    """Inference's refusal, raised to the environment with the same status."""
+    return rpc.UpstreamFailed("inference", error)
+
+
+def _shadow_of(request: rollout_pb2.ActRequest) -> rollout_pb2.ActRequest:
+    """A copy of `request` as cloud mode would send it but for its observations: no encoder version."""
+    shadow = rollout_pb2.ActRequest()
+    shadow.CopyFrom(request)
+    shadow.ClearField("encoder_version")  # cloud mode has no edge encoder
+    return shadow

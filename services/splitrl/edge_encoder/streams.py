@@ -8,7 +8,7 @@ from typing import NamedTuple
 import grpc
 import torch
 
-from splitrl.core import rpc, wire
+from splitrl.core import wire
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor
 from splitrl.core.replicas import Lease, Replicas
@@ -56,11 +56,6 @@ class ActStream:
             self.lease = None
         self.video = None  # its encoders served that call only
         return self.run_id
-
-
-def passed_on(error: grpc.aio.AioRpcError) -> Exception:
-    """Inference's refusal, raised to the environment with the same status."""
-    return rpc.UpstreamFailed("inference", error)
 
 
 class EnvStream:
