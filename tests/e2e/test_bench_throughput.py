@@ -13,7 +13,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     command = [sys.executable, "-m", "splitrl.cli.main", "bench", "throughput", "--env", "splitrl/Catch-v0"]
     command += ["--frame-size", "36", "--width", "256", "--num-envs", "4", "--steps", "2000"]
     command += ["--modes", "split-accumulate", "--link-sizes", "512,8192", "--link-seconds", "0.3", "--out", str(out)]
-    command += ["--unroll-length", "16", "--chunks-per-update", "8", "--sb3-reference"]
+    command += ["--unroll-length", "16", "--chunks-per-update", "8", "--sb3-reference", "--profile-s", "1"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -47,6 +47,11 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     table = (out / "throughput.md").read_text()
     assert "| stack split-accumulate |" in table and "gRPC / TCP" in table and "The edge's own costs" in table
     assert "| sync-ppo |" in table and "| sb3-ppo |" in table and "x sb3-ppo" in table
+    # --profile-s: py-spy sampled every service process for a second once the warm-up was over.
+    assert set(stack["profiles"]) == set(stack["cpu_seconds"])
+    assert all(profile["samples"] > 0 and 0 <= profile["waiting_share"] <= 1 for profile in stack["profiles"].values())
+    assert any(profile["top"] for profile in stack["profiles"].values())
+    assert "Where the time goes" in table and (out / "runs" / "split-accumulate" / "profile").is_dir()
     assert "| stack split-accumulate |" in result.stdout
 
 

@@ -26,6 +26,13 @@ def test_resize_is_torchs_area_interpolation_up_to_rounding(height, width, size)
     assert (ours != theirs).mean() < 0.01
 
 
+def test_a_frame_of_the_size_already_comes_back_as_it_is_in_a_new_array():
+    frame = np.random.default_rng(0).integers(0, 256, (36, 36), dtype=np.uint8)
+    resized = resize_frame(frame, 36)
+    assert np.array_equal(resized, frame) and not np.shares_memory(resized, frame)
+    assert np.array_equal(resized, torch_area(frame, 36))
+
+
 def test_an_integer_factor_averages_blocks_exactly():
     frame = np.arange(16, dtype=np.uint8).reshape(4, 4) * 10
     assert resize_frame(frame, 2).tolist() == [[25, 45], [105, 125]]

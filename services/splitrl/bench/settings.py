@@ -127,6 +127,13 @@ class ThroughputBenchSettings(
     )
     link_seconds: float = Field(2.0, gt=0, description="Link microbenchmark: seconds per size and transport.")
     skip_link: bool = Field(False, description="Leave out the link microbenchmark.")
+    profile_s: float = Field(
+        0.0,
+        ge=0,
+        description="Sample every service of each stack run with py-spy for this many seconds once the warm-up "
+        "is over, and show where their time goes (0: no profile). Needs py-spy (dev extra) and ptrace rights; "
+        "keep it shorter than a run.",
+    )
 
     @field_validator("link_sizes")
     @classmethod

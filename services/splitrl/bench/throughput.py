@@ -7,7 +7,8 @@ One run, on one machine, in this order (the baseline twice, so drift over the ru
 2. the training references, each training from scratch with the stack's hyperparameters: `sync-ppo`, the
    same PPO in one process, rollout then update (`baseline.py`), and, with --sb3-reference,
    Stable-Baselines3 PPO (`sb3_reference.py`);
-3. the five-service stack on loopback (`splitrl up`), once per mode, learner training as it does;
+3. the five-service stack on loopback (`splitrl up`), once per mode, learner training as it does; with
+   --profile-s N, every service sampled by py-spy for N seconds once the warm-up is over (`profile.py`);
 4. the baseline again;
 5. the link microbenchmark (`link.py`).
 
@@ -25,17 +26,29 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span
 from splitrl.bench.link import measure
+from splitrl.bench.profile import ServiceProfile, py_spy, record
 from splitrl.bench.settings import ThroughputBenchSettings
-from splitrl.bench.throughput_report import HOPS, Hop, StackResult, ThroughputReport, as_json, render_markdown
+from splitrl.bench.throughput_report import (
+    HOPS,
+    SERVICES,
+    Hop,
+    StackResult,
+    ThroughputReport,
+    as_json,
+    render_markdown,
+)
 from splitrl.core import scrape
 from splitrl.core.args import settings_argv
 from splitrl.core.config import Mode
 from splitrl.core.metrics import (
+    ENV_STEPS,
     HOP_LATENCY,
     INFERENCE_BATCH_SIZE,
     POLICY_LAG,
@@ -63,13 +76,37 @@ def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | 
 
 
 def run_stack(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path) -> StackResult:
-    """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory."""
+    """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory; with
+    --profile-s, its services' sampling profiles too."""
     run = run_settings(settings, mode, run_dir)
     command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(run)]
-    finished = subprocess.run(command, stdout=subprocess.DEVNULL)
-    if finished.returncode != 0:
-        raise RuntimeError(f"splitrl up --mode {mode} failed (exit {finished.returncode}); see {run_dir / 'logs'}")
-    return read_stack(mode, run_dir, settings.warmup_fraction)
+    with subprocess.Popen(command, stdout=subprocess.DEVNULL) as up:
+        profiles = _profile_once_warm(settings, run_dir, up) if settings.profile_s else {}
+        returncode = up.wait()
+    if returncode != 0:
+        raise RuntimeError(f"splitrl up --mode {mode} failed (exit {returncode}); see {run_dir / 'logs'}")
+    return replace(read_stack(mode, run_dir, settings.warmup_fraction), profiles=profiles)
+
+
+def _profile_once_warm(
+    settings: ThroughputBenchSettings, run_dir: Path, up: subprocess.Popen[bytes]
+) -> dict[str, ServiceProfile]:
+    """Once the environment has taken the warm-up share of the run's env steps, sample every service process
+    (as their port files name them) for --profile-s seconds; {} if the run ends first."""
+    warm_steps = settings.warmup_fraction * settings.steps
+    while up.poll() is None:
+        ports = {path.name.removesuffix(".ports.json"): path for path in run_dir.glob("*.ports.json")}
+        if "environment" in ports and len(ports) >= len(SERVICES):
+            serving = {name: json.loads(path.read_text()) for name, path in ports.items()}
+            try:
+                steps = scrape.total([scrape.fetch(serving["environment"]["metrics"])], f"{ENV_STEPS}_total")
+            except OSError:  # between the port file and the first scrape, or the environment is done
+                steps = 0.0
+            if steps >= warm_steps:
+                pids = {name: int(ports_of["pid"]) for name, ports_of in serving.items()}
+                return record(pids, settings.profile_s, run_dir / "profile")
+        time.sleep(0.5)
+    return {}
 
 
 def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
@@ -119,6 +156,8 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
 
             require_sb3()
             rollout_steps(run)
+        if settings.profile_s and py_spy() is None:
+            raise ValueError("--profile-s needs py-spy: pip install py-spy (it is in the dev extra)")
     except ValueError as error:
         print(f"splitrl bench throughput: {error}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from typing import Any
 
 from splitrl.bench.baseline import BaselineResult
 from splitrl.bench.link import LinkResult
+from splitrl.bench.profile import ServiceProfile
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -56,6 +57,8 @@ class StackResult:
     env_steps_total: int = 0
     #: Learner updates inside the rate's window.
     updates: int = 0
+    #: py-spy's samples of each service process, by name (--profile-s; empty without it).
+    profiles: dict[str, ServiceProfile] = field(default_factory=dict)
 
     @property
     def steps_per_s(self) -> float:
@@ -126,6 +129,7 @@ def render_markdown(report: ThroughputReport) -> str:
         + _hop_table(report)
         + _cpu_table(report)
         + _edge_table(report)
+        + _profile_table(report)
     )
     lines += _link_table(report)
     return "\n".join(lines) + "\n"
@@ -269,4 +273,25 @@ def _link_table(report: ThroughputReport) -> list[str]:
             f"| {size:,} B | {tcp.messages_per_s:,.0f} | {grpc_.messages_per_s:,.0f} | {tcp.megabytes_per_s:,.1f} | "
             f"{grpc_.megabytes_per_s:,.1f} | {grpc_.messages_per_s / tcp.messages_per_s:.2f} |"
         )
+    return lines
+
+
+def _profile_table(report: ThroughputReport) -> list[str]:
+    """Where each service's time went (--profile-s): py-spy's samples, the share spent waiting, the busiest
+    functions by self time."""
+    if not any(r.profiles for r in report.stacks):
+        return []
+    seconds = report.settings.get("profile_s")
+    lines = [
+        "",
+        f"Where the time goes: py-spy, {seconds:g} s of every service at once after the warm-up, share of a "
+        "process's samples (waiting: the event loop's select, idle pool and gRPC threads; functions by self time):",
+        "",
+        "| mode | service | samples | waiting | busiest functions |",
+        "|---|---|---:|---:|---|",
+    ]
+    for r in report.stacks:
+        for name, profile in sorted(r.profiles.items()):
+            busiest = ", ".join(f"{function} {share:.0%}" for function, share in profile.top[:4])
+            lines.append(f"| {r.mode} | {name} | {profile.samples:,} | {profile.waiting_share:.0%} | {busiest} |")
     return lines

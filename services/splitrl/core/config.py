@@ -136,7 +136,9 @@ class ServerSettings(TransportSettings):
     port: int = Field(0, ge=0, le=65535, description="gRPC port; 0 picks a free one (see --port-file).")
     metrics_port: int = Field(0, ge=0, le=65535, description="Prometheus /metrics port; 0 picks a free one.")
     port_file: Path | None = Field(
-        None, description='Once serving, write the bound ports here as JSON {"grpc": N, "metrics": N}.'
+        None,
+        description="Once serving, write the bound ports and the process id here as JSON "
+        '{"grpc": N, "metrics": N, "pid": N}.',
     )
     torch_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads in this process.")
     shutdown_grace_s: float = Field(5.0, gt=0, description="Seconds in-flight calls get to finish on SIGTERM.")

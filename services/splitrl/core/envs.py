@@ -99,8 +99,11 @@ def _area_weights(length: int, size: int) -> np.ndarray:
 
 
 def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [H, W] -> uint8 [size, size] by area averaging (numpy: no OpenCV, and no torch on the edge)."""
+    """uint8 [H, W] -> uint8 [size, size] by area averaging (numpy: no OpenCV, and no torch on the edge); always
+    a new array."""
     height, width = frame.shape
+    if height == width == size:  # the averaging would be the identity: two float64 matmuls for nothing
+        return frame.astype(np.uint8, copy=True)
     resized = _area_weights(height, size) @ frame.astype(np.float64) @ _area_weights(width, size).T
     return np.clip(np.round(resized), 0, 255).astype(np.uint8)
 

@@ -154,7 +154,7 @@ class ServiceHost:
         host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer)
         if settings.port_file is not None:
             tmp = settings.port_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port}))
+            tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}))
             tmp.replace(settings.port_file)  # atomic: a reader never sees half a file
         log.info(
             "serving %s on %s:%d (%s%s), metrics on :%d",
