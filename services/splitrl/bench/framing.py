@@ -72,8 +72,10 @@ class FramingResult:
     frames: dict[str, int] = field(default_factory=dict)
     #: Their bytes, each frame with its 9 B header.
     frame_bytes: dict[str, int] = field(default_factory=dict)
-    #: TCP payload bytes the frame reader could not cut into frames (a segment the raw socket missed).
+    #: TCP payload bytes the frame reader could not cut into frames (a segment the raw socket missed), and the
+    #: packets the kernel dropped before the reader got them.
     unparsed_bytes: int = 0
+    dropped_packets: int = 0
 
     @property
     def counted(self) -> int:
@@ -140,8 +142,8 @@ class FramingResult:
         named = ", ".join(f"{kind} {n:,}" for kind, n in sorted(others.items()))
         rows.append(f"| - other frames ({named}) | | | {other_bytes:,} | {share(other_bytes)} |")
         if self.unparsed_bytes:
-            missed = self.unparsed_bytes
-            rows.append(f"| - not read as frames (segments missed) | | | {missed:,} | {share(missed)} |")
+            missed, dropped = self.unparsed_bytes, self.dropped_packets
+            rows.append(f"| - not read as frames ({dropped:,} packets dropped) | | | {missed:,} | {share(missed)} |")
         return rows
 
 
@@ -256,6 +258,7 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
         frames={kind: tally.counts.count_of(kind) for kind in _kinds(tally)} if tally else {},
         frame_bytes={kind: tally.counts.bytes_of(kind) for kind in _kinds(tally)} if tally else {},
         unparsed_bytes=tally.counts.unparsed_bytes if tally else 0,
+        dropped_packets=tally.counts.dropped_packets if tally else 0,
     )
 
 
