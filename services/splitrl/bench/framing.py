@@ -255,8 +255,8 @@ def measure_framing(settings: FramingSettings, run_dir: Path) -> FramingResult:
         kernel_down=counters["rx_bytes"],
         packets_up=counters["tx_packets"],
         packets_down=counters["rx_packets"],
-        frames={kind: tally.counts.count_of(kind) for kind in _kinds(tally)} if tally else {},
-        frame_bytes={kind: tally.counts.bytes_of(kind) for kind in _kinds(tally)} if tally else {},
+        frames={kind: tally.counts.count_of(kind) for kind in tally.counts.kinds()} if tally else {},
+        frame_bytes={kind: tally.counts.bytes_of(kind) for kind in tally.counts.kinds()} if tally else {},
         unparsed_bytes=tally.counts.unparsed_bytes if tally else 0,
         dropped_packets=tally.counts.dropped_packets if tally else 0,
     )
@@ -280,10 +280,6 @@ def _run_split(settings: FramingSettings, run_dir: Path, namespaces: _Namespaces
     except subprocess.TimeoutExpired:
         raise TimeoutError(f"the run did not finish within {settings.timeout_s:.0f}s; see {run_dir / 'logs'}") from None
     return time.monotonic() - started
-
-
-def _kinds(tally: FrameTally) -> list[str]:
-    return sorted({kind for _, kind in tally.counts.frames})
 
 
 def _wan_codec(settings: FramingSettings) -> str:

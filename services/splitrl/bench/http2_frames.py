@@ -72,6 +72,10 @@ class FrameCounts:
     #: Packets the kernel could not queue for the tally (its receive buffer was full).
     dropped_packets: int = 0
 
+    def kinds(self) -> list[str]:
+        """The frame types seen, either way, sorted."""
+        return sorted({kind for _, kind in self.frames})
+
     def bytes_of(self, kind: str) -> int:
         return sum(b for (_, k), b in self.frame_bytes.items() if k == kind)
 

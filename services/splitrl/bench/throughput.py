@@ -55,7 +55,7 @@ from splitrl.core.metrics import (
     WORKER_CPU_SECONDS,
     WORKER_RESIDENT_BYTES,
 )
-from splitrl.run.plan import shared_values
+from splitrl.run.plan import port_files, shared_values
 from splitrl.run.settings import RunSettings
 
 
@@ -95,7 +95,7 @@ def _profile_once_warm(
     (as their port files name them) for --profile-s seconds; {} if the run ends first."""
     warm_steps = settings.warmup_fraction * settings.steps
     while up.poll() is None:
-        ports = {path.name.removesuffix(".ports.json"): path for path in run_dir.glob("*.ports.json")}
+        ports = port_files(run_dir)
         if "environment" in ports and len(ports) >= len(SERVICES):
             serving = {name: json.loads(path.read_text()) for name, path in ports.items()}
             try:

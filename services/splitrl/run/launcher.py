@@ -29,7 +29,7 @@ from splitrl.run.plan import amended, service_of
 
 @dataclass
 class Child:
-    """One service process; `ports` ({"grpc": N, "metrics": N}) are read from `port_file` once it serves."""
+    """One service process; `ports` ({"grpc": N, "metrics": N, "pid": N}) are read from `port_file` once it serves."""
 
     name: str
     process: subprocess.Popen[bytes]

@@ -34,6 +34,15 @@ SERVICE_SETTINGS: dict[str, type[ServerSettings]] = {name: load(served.settings)
 S = TypeVar("S", bound=ServerSettings)
 
 
+#: A service instance's port file is RUN_DIR/NAME + this: {"grpc": N, "metrics": N, "pid": N} once it serves.
+PORT_FILE_SUFFIX = ".ports.json"
+
+
+def port_files(run_dir: Path) -> dict[str, Path]:
+    """The port files of `run_dir` written so far, by service instance name."""
+    return {path.name.removesuffix(PORT_FILE_SUFFIX): path for path in run_dir.glob(f"*{PORT_FILE_SUFFIX}")}
+
+
 def replica_count(run: RunSettings, service: str) -> int:
     """Processes `service` runs as in `run`: inference replicas, replay shards, learner ranks, one of the rest."""
     return {"inference": run.inference_replicas, "replay": run.replay_shards, "learner": run.learners}.get(service, 1)
@@ -168,7 +177,7 @@ def plan(
             "host": hosts.get(name, "127.0.0.1"),
             "port": 0,
             "metrics_port": 0,
-            "port_file": run_dir / f"{name}.ports.json",
+            "port_file": run_dir / f"{name}{PORT_FILE_SUFFIX}",
             "final_metrics_file": run_dir / "metrics" / f"{name}.prom",
             **tls_values(service, run, run_dir),
             **placement[service],
