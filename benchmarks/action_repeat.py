@@ -1,10 +1,13 @@
-"""Benchmark (not a test): agent steps per second of CarRacing-v3 with the plain and the fast action repeat.
+"""Benchmark (not a test): agent steps per second of CarRacing-v3 with the plain and the fast action repeat,
+and with the fast draw on top.
 
     python benchmarks/action_repeat.py --repeats 1 4 8 --steps 300
 
-Both run through splitrl's make_env (gray, resized) on one core, side by side in one
-process, alternating so machine noise hits both alike. The fast repeat draws only the
-frame it keeps (splitrl.core.action_repeat); the plain one draws every frame.
+All three run through splitrl's make_env (gray, resized) on one core, side by side in one
+process, alternating so machine noise hits them alike. The plain repeat draws every frame
+with gymnasium's own code; the fast repeat draws only the frame it keeps
+(splitrl.core.action_repeat); the fast draw places the road with numpy
+(splitrl.core.fast_draw). All three give the same frames (tests/unit).
 """
 
 from __future__ import annotations
@@ -40,19 +43,30 @@ def main() -> None:
     torch.set_num_threads(1)
     size = f"{args.frame_size}x{args.frame_size}"
     print(f"{args.env}, frames {size} gray, {args.steps} agent steps, best of {args.rounds}")
-    print("| repeat | plain ms/step | fast ms/step | plain frames/s | fast frames/s | speedup |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| repeat | plain ms/step | fast repeat ms/step | + fast draw ms/step | plain frames/s | fast repeat "
+        "frames/s | + fast draw frames/s | speedup: repeat | speedup: both |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    variants = {"plain": (False, False), "repeat": (True, False), "both": (True, True)}  # (skip_render, fast_draw)
     for repeat in args.repeats:
-        timings: dict[bool, list[float]] = {False: [], True: []}
+        timings: dict[str, list[float]] = {name: [] for name in variants}
         for round_ in range(args.rounds):
-            for fast in (False, True):
-                env = make_env(args.env, {"continuous": False}, args.frame_size, repeat, skip_render=fast)
-                timings[fast].append(_seconds_per_step(env, args.steps, seed=round_))
+            for name, (skip_render, fast_draw) in variants.items():
+                env = make_env(
+                    args.env,
+                    {"continuous": False},
+                    args.frame_size,
+                    repeat,
+                    skip_render=skip_render,
+                    fast_draw=fast_draw,
+                )
+                timings[name].append(_seconds_per_step(env, args.steps, seed=round_))
                 env.close()
-        plain, fast_s = min(timings[False]), min(timings[True])
+        plain, fast_repeat, both = (min(timings[name]) for name in variants)
         print(
-            f"| {repeat} | {plain * 1e3:.2f} | {fast_s * 1e3:.2f} | {repeat / plain:,.0f} | {repeat / fast_s:,.0f} "
-            f"| {plain / fast_s:.2f}x |"
+            f"| {repeat} | {plain * 1e3:.2f} | {fast_repeat * 1e3:.2f} | {both * 1e3:.2f} | {repeat / plain:,.0f} "
+            f"| {repeat / fast_repeat:,.0f} | {repeat / both:,.0f} | {plain / fast_repeat:.2f}x | {plain / both:.2f}x |"
         )
 
 

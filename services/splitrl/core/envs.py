@@ -1,7 +1,8 @@
 """Building the environments a service steps: any gymnasium env with image observations.
 
 Observations become uint8 grayscale [frame_size, frame_size]; an action
-repeat (splitrl.core.action_repeat) sums rewards over repeated actions; envs known to keep their last
+repeat (splitrl.core.action_repeat) sums rewards over repeated actions; envs with a fast draw
+(splitrl.core.fast_draw) draw the same pixels faster; envs known to keep their last
 drawing canvas alive between steps let it go (ReleaseCanvas). Importing this module registers
 the fast pixel env as `splitrl/Catch-v0`.
 """
@@ -17,6 +18,8 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from splitrl.core.action_repeat import ActionRepeat, env_class_key
+from splitrl.core.fast_draw import install_fast_draw
+from splitrl.core.memory import reuse_freed_blocks
 from splitrl.core.spec import ActionSpec
 
 CATCH_ID = "splitrl/Catch-v0"
@@ -65,11 +68,15 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
 
     Observations, rewards and ends are the env's own (the canvas is made anew by each draw before it is
     read; tests/unit/test_envs.py compares them step by step). Only for classes in RELEASABLE_CANVASES.
+    The process's heap is set to keep a freed canvas for the next draw (core.memory.reuse_freed_blocks):
+    otherwise glibc trims it at once and every draw faults its pages back in, which doubled a CarRacing
+    agent step's time.
     """
 
     def __init__(self, env: gym.Env[Any, Any], attribute: str) -> None:
         super().__init__(env)
         self.attribute = attribute
+        reuse_freed_blocks()
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         result = self.env.reset(**kwargs)
@@ -115,14 +122,18 @@ def make_env(
     action_repeat: int,
     skip_render: bool = True,
     release_canvas: bool = True,
+    fast_draw: bool = True,
 ) -> gym.Env[Any, Any]:
     """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images.
 
-    `skip_render=False` draws every repeated frame and `release_canvas=False` keeps the env's drawing canvas
-    (only to time or check the fast repeat, or the release, against the plain env).
+    `skip_render=False` draws every repeated frame, `release_canvas=False` keeps the env's drawing canvas and
+    `fast_draw=False` keeps the env's own drawing code (only to time or check the fast repeat, the release or
+    the fast draw against the plain env).
     """
     ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)
+    if fast_draw:
+        install_fast_draw(env)
     if action_repeat > 1:  # innermost: frames the repeat discards are neither drawn (if it can) nor transformed
         env = ActionRepeat(env, action_repeat, skip_render)
     canvas = releasable_canvas_of(env) if release_canvas else None

@@ -1,0 +1,67 @@
+"""CarRacing drawn with the numpy road gives gymnasium's pixels exactly, step by step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from splitrl.core.envs import CATCH_ID, make_env
+from splitrl.core.fast_draw import install_fast_draw
+
+GAS, RIGHT = 3, 2  # CarRacing's discrete actions: 0 nothing, 1 left, 2 right, 3 gas, 4 brake
+
+
+def _drive(seed: int) -> list[int]:
+    """Frames of actions that cover the opening zoom (first 50 frames), tiles being visited (their colour
+    changes), a spin off the track onto the grass and the field's edge, then random driving."""
+    rng = np.random.default_rng(seed)
+    return [GAS] * 60 + [RIGHT] * 40 + [GAS] * 60 + rng.integers(0, 5, 80).tolist()
+
+
+def _pair(**kwargs: Any) -> tuple[gym.Env[Any, Any], gym.Env[Any, Any]]:
+    fast = gym.make("CarRacing-v3", continuous=False, render_mode="rgb_array", **kwargs)
+    plain = gym.make("CarRacing-v3", continuous=False, render_mode="rgb_array", **kwargs)
+    assert install_fast_draw(fast)
+    return fast, plain
+
+
+@pytest.mark.parametrize("domain_randomize", [False, True])
+def test_the_numpy_road_draws_gymnasiums_pixels(domain_randomize: bool) -> None:
+    fast, plain = _pair(domain_randomize=domain_randomize)
+    try:
+        for episode, seed in enumerate((3, 4)):  # a reset builds a new track: its vertices are read again
+            fast_obs, _ = fast.reset(seed=seed)
+            np.testing.assert_array_equal(fast_obs, plain.reset(seed=seed)[0])
+            for frame, action in enumerate(_drive(seed)):
+                ours, theirs = fast.step(action), plain.step(action)
+                np.testing.assert_array_equal(ours[0], theirs[0], err_msg=f"episode {episode}, frame {frame}")
+                assert ours[1:4] == theirs[1:4]
+                if frame % 40 == 0:  # the video render (--record) goes through the same road drawing
+                    np.testing.assert_array_equal(fast.render(), plain.render())
+        assert fast.unwrapped.tile_visited_count > 0  # the drive did change tile colours
+    finally:
+        fast.close()
+        plain.close()
+
+
+def test_make_env_installs_it_and_can_leave_it_out() -> None:
+    drawn_fast = make_env("CarRacing-v3", {"continuous": False}, 96, 4)
+    drawn_plain = make_env("CarRacing-v3", {"continuous": False}, 96, 4, fast_draw=False)
+    try:
+        assert "_render_road" in vars(drawn_fast.unwrapped)
+        assert "_render_road" not in vars(drawn_plain.unwrapped)
+        np.testing.assert_array_equal(drawn_fast.reset(seed=0)[0], drawn_plain.reset(seed=0)[0])
+        for action in [GAS] * 20:
+            np.testing.assert_array_equal(drawn_fast.step(action)[0], drawn_plain.step(action)[0])
+    finally:
+        drawn_fast.close()
+        drawn_plain.close()
+
+
+def test_envs_without_a_fast_draw_are_left_alone() -> None:
+    env = gym.make(CATCH_ID)
+    assert not install_fast_draw(env)
+    env.close()
