@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import gymnasium as gym
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
@@ -162,3 +163,20 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert "| environment | 98 / 0.50 |" in text  # 98 MB; 0.5 CPU s over 1,000 env steps
     assert "| edge-encoder | - |" in text
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text
+
+
+def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_load(tmp_path):
+    """The SB3 reference follows --lr-anneal-steps as splitrl's learner does, resumed segments included."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    from splitrl.bench.sb3_reference import AnnealedRate, _with_schedule
+
+    env = gym.make("CartPole-v1")
+    model = _with_schedule(
+        sb3.PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, learning_rate=AnnealedRate(1e-3, 256))
+    )
+    model.learn(128)
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 128 / 256))
+    model.save(tmp_path / "model.zip")
+    loaded = _with_schedule(sb3.PPO.load(tmp_path / "model.zip", env=env))
+    loaded.learn(64, reset_num_timesteps=False)
+    assert loaded.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 192 / 256))

@@ -57,6 +57,19 @@ def test_a_cloud_update_takes_one_step_per_minibatch_of_every_epoch():
     assert any(not torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
 
 
+def test_the_learning_rate_is_constant_unless_annealed_to_zero_over_the_given_steps():
+    rows = CHUNKS * HORIZON  # agent steps per update
+    constant = Trainer(cloud_network("cloud", MODEL, SPEC), LearnerSettings(mode="cloud", tls="plaintext"))
+    assert constant.learning_rate_at(1_000, rows) == constant.settings.learning_rate
+    settings = LearnerSettings(mode="cloud", tls="plaintext", learning_rate=1e-3, lr_anneal_steps=4 * rows)
+    annealed = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+    assert [annealed.learning_rate_at(v, rows) for v in range(6)] == pytest.approx([1e-3, 7.5e-4, 5e-4, 2.5e-4, 0, 0])
+    stats = annealed.update(batch(frames()), version=2)  # the rate of the update after 2 updates of `rows` steps
+    assert annealed.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4) == stats.learning_rate
+    with pytest.raises(ValueError, match="lr_anneal_steps"):
+        LearnerSettings(mode="cloud", tls="plaintext", lr_anneal_steps=0)
+
+
 class RecordingEdges:
     def __init__(self) -> None:
         self.pushed: list[tuple[torch.Tensor, torch.Tensor]] = []

@@ -178,7 +178,7 @@ class _SyncLearner:
             return
         started = time.perf_counter()
         batch, self.chunks = self.chunks[: self.chunks_per_update], self.chunks[self.chunks_per_update :]
-        self.trainer.update(Batch.stack(batch))
+        self.trainer.update(Batch.stack(batch), version=self.updates)
         self.updates += 1
         self.policy.version = self.updates
         self.seconds += time.perf_counter() - started

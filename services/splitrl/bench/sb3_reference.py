@@ -10,7 +10,7 @@ What is the same as splitrl's cloud mode: the env (splitrl.core.envs.make_env:
 gray, resized, the fast action repeat), the frame stack, the network (Nature
 CNN, a 512-unit layer, linear actor and critic heads, orthogonal init), and the
 PPO recipe: rollout = unroll_length x chunks_per_update agent steps, the same
-minibatches, epochs, learning rate, gamma, GAE lambda, clip 0.2, entropy and
+minibatches, epochs, learning rate (and its linear anneal), gamma, GAE lambda, clip 0.2, entropy and
 value weights, gradient clip 0.5, per-minibatch advantage normalisation, Adam
 eps 1e-5, reward_scale (applied after SB3's Monitor, which records the
 unscaled returns), and with --env-workers envs stepped in other processes
@@ -86,6 +86,35 @@ def rollout_steps(run: RunSettings) -> int:
     return rollout
 
 
+class AnnealedRate:
+    """SB3's learning-rate schedule for splitrl's `lr_anneal_steps`: `learning_rate` falling linearly to 0 at
+    that many agent steps, counted by the model's own `num_timesteps` (SB3's progress argument covers one
+    learn() call, a segment; a loaded model goes on down the same line). `model` is set once the model
+    exists, and is not pickled with it."""
+
+    def __init__(self, learning_rate: float, anneal_steps: int) -> None:
+        self.learning_rate, self.anneal_steps = learning_rate, anneal_steps
+        self.model: Any = None
+
+    def __call__(self, _progress_remaining: float) -> float:
+        done = 0 if self.model is None else int(self.model.num_timesteps)
+        return self.learning_rate * max(0.0, 1.0 - done / self.anneal_steps)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"learning_rate": self.learning_rate, "anneal_steps": self.anneal_steps, "model": None}
+
+
+def _with_schedule(model: Any) -> Any:
+    """`model` with splitrl's learning-rate schedule bound to it (after a load it is unpickled unbound)."""
+    if isinstance(model.learning_rate, AnnealedRate):
+        model.learning_rate.model = model
+    return model
+
+
+def _learning_rate(run: RunSettings) -> float | AnnealedRate:
+    return run.learning_rate if run.lr_anneal_steps is None else AnnealedRate(run.learning_rate, run.lr_anneal_steps)
+
+
 def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
     from stable_baselines3 import PPO
 
@@ -96,7 +125,7 @@ def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
         n_steps=rollout // run.num_envs,
         batch_size=rollout // run.minibatches,
         n_epochs=run.epochs,
-        learning_rate=run.learning_rate,
+        learning_rate=_learning_rate(run),
         gamma=run.gamma,
         gae_lambda=run.gae_lambda,
         clip_range=0.2,
@@ -185,7 +214,7 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
         done = int(offset["env_steps"])
         venv = _vector_env(run, run.seed + done)  # a resumed run plays tracks it has not played yet
         model = sb3.PPO.load(model_path, env=venv, device="cpu") if model_path.exists() else None
-        model = model or _new_model(run, venv, run.seed)
+        model = _with_schedule(model or _new_model(run, venv, run.seed))
         print(f"  {ROW} seed {run.seed}: training to {target * run.action_repeat:,} frames", flush=True)
         curve_logger = _curve_callback(offset, every_steps=run.unroll_length * run.chunks_per_update)
         model.learn(target - done, callback=curve_logger, reset_num_timesteps=False)
@@ -206,7 +235,7 @@ def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
     started = time.perf_counter()
     venv = _vector_env(run, run.seed)
     try:
-        model = _new_model(run, venv, run.seed)
+        model = _with_schedule(_new_model(run, venv, run.seed))
         curve_logger = _curve_callback(dict(ZERO_POINT), every_steps=run.num_envs)
         model.learn(run.steps, callback=curve_logger)
     finally:

@@ -42,6 +42,7 @@ INFERENCE_BATCH_SIZE = "splitrl_inference_batch_size"
 HOP_LATENCY = "splitrl_hop_latency_seconds"
 LEARNER_UPDATES = "splitrl_learner_updates"
 LEARNER_LOSS = "splitrl_learner_loss"
+LEARNING_RATE = "splitrl_learning_rate"
 POLICY_LAG = "splitrl_policy_lag"
 STREAMS_OPENED = "splitrl_streams_opened"
 #: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
@@ -255,6 +256,9 @@ class Metrics:
         )
         self.learner_loss = Gauge(
             LEARNER_LOSS, "Mean of each loss term over the last update.", ["term"], registry=registry
+        )
+        self.learning_rate = Gauge(
+            LEARNING_RATE, "The learner's Adam learning rate in its last update (--lr-anneal-steps).", registry=registry
         )
         self.policy_lag = Histogram(
             POLICY_LAG,

@@ -162,7 +162,7 @@ class LearnerService(LoopService):
                 chunks, sampled = await self._collect(replay, s.chunks_per_update // s.world_size)
                 await self._wait_for_an_edge()
                 batch = Batch.stack(chunks, self._importance_weights(sampled))
-                self._update = self._executor.submit(self.trainer.update, batch)
+                self._update = self._executor.submit(self.trainer.update, batch, self.version)
                 stats = await asyncio.wrap_future(self._update)
                 self._update = None
                 if stats.optimizer_steps == 0:
@@ -240,13 +240,15 @@ class LearnerService(LoopService):
             # Logged too: ranks compare version by version there, which two scrapes cannot promise.
             checksum = f", weights checksum {summed!r}"
         self.metrics.policy_version.set(self.version)
+        self.metrics.learning_rate.set(stats.learning_rate)
         for term, value in stats.losses.items():
             self.metrics.learner_loss.labels(term=term).set(value)
         losses = stats.losses
         log.info(
-            "update %d: %d steps, policy %.3f value %.3f entropy %.3f kl %.4f%s",
+            "update %d: %d steps, lr %.3g, policy %.3f value %.3f entropy %.3f kl %.4f%s",
             self.version,
             stats.steps,
+            stats.learning_rate,
             losses.policy_loss,
             losses.value_loss,
             losses.entropy,

@@ -31,6 +31,14 @@ class PPOSettings(Settings):
     epochs: int = Field(4, ge=1, description="Passes over each update's data (the research used 10).")
     minibatches: int = Field(4, ge=1, description="Minibatches per epoch (the research used 32).")
     learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate (the research used 5e-5).")
+    lr_anneal_steps: int | None = Field(
+        None,
+        ge=1,
+        description="The learning rate falls linearly from --learning-rate to 0 over this many agent steps of "
+        "training (updates x unroll_length x chunks_per_update, counted by the policy version, so a resumed run "
+        "goes on down the same line), as CleanRL's anneal_lr over a run. Set it to the run's --steps. Unset: "
+        "constant. The split modes' edge encoder keeps its own constant rate.",
+    )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")
     reward_scale: float = Field(

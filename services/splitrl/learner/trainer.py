@@ -134,6 +134,7 @@ class UpdateStats:
     steps: int
     chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
     optimizer_steps: int  # steps taken; 0 when no minibatch had a row (split: no edge answered). Equal on all ranks
+    learning_rate: float  # Adam's, in this update
 
 
 class Trainer:
@@ -161,10 +162,15 @@ class Trainer:
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
 
-    def update(self, batch: Batch) -> UpdateStats:
+    def update(self, batch: Batch, version: int = 0) -> UpdateStats:
+        """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
+        starts from), which sets the learning rate (`learning_rate_at`)."""
         s = self.settings
         advantages, returns, old_log_probs = self._advantages(batch)
         rows = Rows.of(batch, advantages, returns, old_log_probs)
+        learning_rate = self.learning_rate_at(version, steps_per_update=len(rows) * s.world_size)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
         optimizer_steps = 0
@@ -182,7 +188,16 @@ class Trainer:
             steps=len(rows),
             chunk_priorities=advantages.abs().mean(dim=1).tolist(),
             optimizer_steps=optimizer_steps,
+            learning_rate=learning_rate,
         )
+
+    def learning_rate_at(self, version: int, steps_per_update: int) -> float:
+        """Adam's learning rate for the update after `version` updates of `steps_per_update` agent steps:
+        `learning_rate`, or with `lr_anneal_steps` the same falling linearly to 0 at that many steps."""
+        s = self.settings
+        if s.lr_anneal_steps is None:
+            return s.learning_rate
+        return s.learning_rate * max(0.0, 1.0 - version * steps_per_update / s.lr_anneal_steps)
 
     def _minibatch(
         self, update: Rows, index: torch.Tensor, train_encoder: bool = True
