@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from splitrl.bench.http2_frames import FrameCounts, FrameTally, raw_sockets_allowed
+from splitrl.bench.link import measure
 from splitrl.core import rpc
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import Metrics
@@ -68,3 +69,11 @@ async def test_other_links_keep_grpcs_probing():
     counts = await lockstep_frames(wan=False)
     assert rpc.WAN_WINDOW_BYTES not in counts.initial_windows, counts.initial_windows
     assert counts.count_of("PING") > 2, dict(counts.frames)
+
+
+def test_the_link_benchs_wan_stream_is_set_as_the_wan_links_are():
+    """`splitrl bench throughput --link-wan`: its grpc-wan stream announces the WAN window at both ends."""
+    with FrameTally("lo") as tally:  # the receiver's port is chosen in its own process: all of loopback
+        result = measure("grpc-wan", 8192, 0.3)
+    assert result.messages > 0 and result.transport == "grpc-wan"
+    assert tally.counts.initial_windows.count(rpc.WAN_WINDOW_BYTES) >= 2, tally.counts.initial_windows

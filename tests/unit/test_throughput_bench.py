@@ -163,6 +163,9 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert "| environment | 98 / 0.50 |" in text  # 98 MB; 0.5 CPU s over 1,000 env steps
     assert "| edge-encoder | - |" in text
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text
+    assert "gRPC WAN" not in text
+    report.links.append(LinkResult("grpc-wan", 512, 120, 1.0))
+    assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 | 120 | 1.20 |" in render_markdown(report)
 
 
 def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_load(tmp_path):

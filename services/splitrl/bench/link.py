@@ -5,6 +5,8 @@ process, as a service would be), for a fixed time per message size:
 
 - `grpc`: a client-streaming call of serialized `splitrl.v1.Tensor` messages,
   each parsed by the receiver as the services parse theirs;
+- `grpc-wan`: the same with both ends set as splitrl's WAN links are (a fixed
+  flow-control window, no bandwidth probing: core.rpc.WAN_FLOW_CONTROL);
 - `tcp`: the same bytes, length-prefixed, on a plain socket, not parsed: the
   floor of what any framing on this machine can do.
 
@@ -28,7 +30,7 @@ import numpy as np
 
 from splitrl.core import rpc, wire
 
-Transport = Literal["grpc", "tcp"]
+Transport = Literal["grpc", "grpc-wan", "tcp"]
 _METHOD = "/splitrl.bench.LinkBench/Drain"
 _FRAME = struct.Struct("<I")  # little-endian length prefix of each TCP message (bytes)
 
@@ -81,8 +83,8 @@ def measure(transport: Transport, size_bytes: int, seconds: float) -> LinkResult
         if not parent_end.poll(60):
             raise RuntimeError(f"the {transport} receiver did not start")
         port = parent_end.recv()
-        if transport == "grpc":
-            asyncio.run(_send_grpc(port, message, seconds))
+        if transport != "tcp":
+            asyncio.run(_send_grpc(port, message, seconds, wan=transport == "grpc-wan"))
         else:
             _send_tcp(port, message, seconds)
         if not parent_end.poll(60):
@@ -95,8 +97,8 @@ def measure(transport: Transport, size_bytes: int, seconds: float) -> LinkResult
     return LinkResult(transport, size_bytes, messages, elapsed)
 
 
-async def _send_grpc(port: int, message: bytes, seconds: float) -> None:
-    async with rpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+async def _send_grpc(port: int, message: bytes, seconds: float, wan: bool) -> None:
+    async with rpc.insecure_channel(f"127.0.0.1:{port}", wan=wan) as channel:
         await channel.channel_ready()
         call = channel.stream_unary(_METHOD)()  # bytes in, bytes out: the message is already serialized
         deadline = time.perf_counter() + seconds
@@ -121,13 +123,13 @@ def _send_tcp(port: int, message: bytes, seconds: float) -> None:
 
 def _receive(transport: Transport, pipe: Connection) -> None:
     """Child process: serve one stream on a loopback port, then report (messages, seconds) on `pipe`."""
-    if transport == "grpc":
-        asyncio.run(_receive_grpc(pipe))
+    if transport != "tcp":
+        asyncio.run(_receive_grpc(pipe, wan=transport == "grpc-wan"))
     else:
         _receive_tcp(pipe)
 
 
-async def _receive_grpc(pipe: Connection) -> None:
+async def _receive_grpc(pipe: Connection, wan: bool) -> None:
     finished: asyncio.Future[tuple[int, float]] = asyncio.get_running_loop().create_future()
 
     async def drain(request_iterator: object, context: grpc.aio.ServicerContext) -> bytes:
@@ -142,7 +144,7 @@ async def _receive_grpc(pipe: Connection) -> None:
     handler = grpc.method_handlers_generic_handler(
         "splitrl.bench.LinkBench", {"Drain": grpc.stream_unary_rpc_method_handler(drain)}
     )
-    server = grpc.aio.server(options=list(rpc.SERVER_OPTIONS))
+    server = grpc.aio.server(options=rpc.server_options(wan=wan))
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()

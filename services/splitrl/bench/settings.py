@@ -127,6 +127,11 @@ class ThroughputBenchSettings(
     )
     link_seconds: float = Field(2.0, gt=0, description="Link microbenchmark: seconds per size and transport.")
     skip_link: bool = Field(False, description="Leave out the link microbenchmark.")
+    link_wan: bool = Field(
+        False,
+        description="Link microbenchmark: also a gRPC stream set as splitrl's WAN links are (fixed flow-control "
+        "window, no bandwidth probing), beside gRPC's default.",
+    )
     profile_s: float = Field(
         0.0,
         ge=0,

@@ -207,7 +207,7 @@ def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: Th
     baseline("after")
     if not settings.skip_link:
         for size in settings.link_sizes:
-            for transport in ("tcp", "grpc"):
+            for transport in ("tcp", "grpc", *(("grpc-wan",) if settings.link_wan else ())):
                 link = measure(transport, size, settings.link_seconds)
                 report.links.append(link)
                 print(f"link {transport} {size:,} B: {link.messages_per_s:,.0f} msg/s")

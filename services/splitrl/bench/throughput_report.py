@@ -257,22 +257,33 @@ def _cpu_table(report: ThroughputReport) -> list[str]:
 def _link_table(report: ThroughputReport) -> list[str]:
     if not report.links:
         return []
+    wan = any(link.transport == "grpc-wan" for link in report.links)
     lines = [
         "",
-        "Link microbenchmark, one stream on loopback (receiver in another process):",
+        "Link microbenchmark, one stream on loopback (receiver in another process"
+        + ("; gRPC WAN: both ends as splitrl's WAN links, a fixed window without bandwidth probes):" if wan else "):"),
         "",
-        "| message | raw TCP msg/s | gRPC msg/s | raw TCP MB/s | gRPC MB/s | gRPC / TCP |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| message | raw TCP msg/s | gRPC msg/s | raw TCP MB/s | gRPC MB/s | gRPC / TCP |"
+        + (" gRPC WAN msg/s | WAN / default |" if wan else ""),
+        "|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if wan else ""),
     ]
     by_key = {(link.transport, link.message_bytes): link for link in report.links}
     for size in sorted({link.message_bytes for link in report.links}):
         tcp, grpc_ = by_key.get(("tcp", size)), by_key.get(("grpc", size))
         if tcp is None or grpc_ is None:
             continue
-        lines.append(
+        row = (
             f"| {size:,} B | {tcp.messages_per_s:,.0f} | {grpc_.messages_per_s:,.0f} | {tcp.megabytes_per_s:,.1f} | "
             f"{grpc_.megabytes_per_s:,.1f} | {grpc_.messages_per_s / tcp.messages_per_s:.2f} |"
         )
+        grpc_wan = by_key.get(("grpc-wan", size))
+        if wan:
+            row += (
+                " - | - |"
+                if grpc_wan is None
+                else f" {grpc_wan.messages_per_s:,.0f} | {grpc_wan.messages_per_s / grpc_.messages_per_s:.2f} |"
+            )
+        lines.append(row)
     return lines
 
 

@@ -37,7 +37,7 @@ WAN_WINDOW_BYTES = 8 * 1024 * 1024
 #: and ~10% of its kernel bytes (`splitrl bench framing`, CarRacing split: 123.4 -> 111.7 B per env step).
 #: A fixed 8 MiB window lets any message up to that size cross in one round trip, and a larger one after window
 #: updates. Links inside the cloud or the edge keep the probing: streaming 72 KB messages on loopback ran 15-20%
-#: faster with it (`bench.link`, the options switched in code), and their packets cost nothing. One exception:
+#: faster with it (`splitrl bench throughput --link-wan`), and their packets cost nothing. One exception:
 #: the learner's weights reach inference on inference's (WAN) server, so that cloud link has the fixed window
 #: too (one weights message per update, well under 8 MiB at the recipe's sizes).
 WAN_FLOW_CONTROL: Sequence[tuple[str, Any]] = (
@@ -68,6 +68,16 @@ SERVER_OPTIONS: Sequence[tuple[str, Any]] = (
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.so_reuseport", 0),
 )
+
+
+def channel_options(*, wan: bool) -> list[tuple[str, Any]]:
+    """A client channel's options: splitrl's limits and keepalives, and on a WAN link the fixed window."""
+    return [*CHANNEL_OPTIONS, *(WAN_FLOW_CONTROL if wan else ())]
+
+
+def server_options(*, wan: bool) -> list[tuple[str, Any]]:
+    """A server's options: splitrl's limits and keepalives, and for a server edges dial the fixed window."""
+    return [*SERVER_OPTIONS, *(WAN_FLOW_CONTROL if wan else ())]
 
 
 class BadRequest(ValueError):
@@ -198,8 +208,7 @@ async def create_server(
     interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(metrics)]
     if token is not None:
         interceptors.insert(0, security.BearerTokenInterceptor(token, metrics))
-    options = [*SERVER_OPTIONS, *(WAN_FLOW_CONTROL if wan else ())]
-    server = grpc.aio.server(interceptors=interceptors, options=options)
+    server = grpc.aio.server(interceptors=interceptors, options=server_options(wan=wan))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, serving=False)
@@ -221,16 +230,16 @@ def dial(target: str, transport: TransportSettings, *, wan: bool = False) -> grp
     `wan`: the link crosses the WAN (the edge-encoder's dials): WAN_FLOW_CONTROL.
     """
     loaded = security.load(transport)
-    options = [*CHANNEL_OPTIONS, *(WAN_FLOW_CONTROL if wan else ()), *loaded.channel_options()]
+    options = [*channel_options(wan=wan), *loaded.channel_options()]
     credentials = loaded.channel_credentials()
     if credentials is None:
         return grpc.aio.insecure_channel(target, options=options, interceptors=loaded.client_interceptors())
     return grpc.aio.secure_channel(target, credentials, options=options)
 
 
-def insecure_channel(target: str) -> grpc.aio.Channel:
+def insecure_channel(target: str, *, wan: bool = False) -> grpc.aio.Channel:
     """A plaintext client channel with splitrl's limits, no token (tests and tools talking to plaintext servers)."""
-    return grpc.aio.insecure_channel(target, options=list(CHANNEL_OPTIONS))
+    return grpc.aio.insecure_channel(target, options=channel_options(wan=wan))
 
 
 async def exchange(call: grpc.aio.StreamStreamCall, request: Any, timeout_s: float, peer: str) -> Any:
