@@ -45,7 +45,7 @@ def rank_main(rank: int, endpoint: str) -> tuple[int, list[float], dict[str, tor
     learner.parallel = parallel
     checksums = [weights_checksum(learner.network)]
     for update in range(2):
-        learner.update(batch(seed=100 * update + rank))  # each rank its own chunks
+        learner.update(batch(seed=100 * update + rank), version=update)  # each rank its own chunks
         checksums.append(weights_checksum(learner.network))
     parallel.close()
     return version, checksums, learner.network.state_dict()
@@ -63,7 +63,7 @@ def test_two_ranks_hold_identical_weights_after_every_update_and_train_on_the_me
     with torch.no_grad():
         next(alone.network.parameters()).add_(1.0)
     for update in range(2):
-        alone.update(batch(seed=100 * update))
+        alone.update(batch(seed=100 * update), version=update)
     assert weights_checksum(alone.network) != sums_0[-1]
 
 

@@ -112,7 +112,7 @@ def rank_main(rank: int, endpoint: str, mode: str, fraction: float) -> tuple[Any
     relay = RecordingRelay(parallel, edges)
     learner = Trainer(cloud_network(mode, MODEL, SPEC), settings, relay, parallel)
     parallel.sync_state(learner.network, learner.optimizer, 0)
-    stats = learner.update(batch(rank))
+    stats = learner.update(batch(rank), version=0)
     messages = [] if edges is None else edges.messages
     parallel.close()
     return stats.optimizer_steps, weights_checksum(learner.network), relay.handed, relay.fetched, messages

@@ -6,8 +6,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pygame
 import pytest
 
+from splitrl.core import fast_draw
 from splitrl.core.envs import CATCH_ID, make_env
 from splitrl.core.fast_draw import install_fast_draw
 
@@ -16,7 +18,7 @@ GAS, RIGHT = 3, 2  # CarRacing's discrete actions: 0 nothing, 1 left, 2 right, 3
 
 def _drive(seed: int) -> list[int]:
     """Frames of actions that cover the opening zoom (first 50 frames), tiles being visited (their colour
-    changes), a spin off the track onto the grass and the field's edge, then random driving."""
+    changes), a spin off the track onto the grass, then random driving."""
     rng = np.random.default_rng(seed)
     return [GAS] * 60 + [RIGHT] * 40 + [GAS] * 60 + rng.integers(0, 5, 80).tolist()
 
@@ -39,6 +41,10 @@ def test_the_numpy_road_draws_gymnasiums_pixels(domain_randomize: bool) -> None:
                 ours, theirs = fast.step(action), plain.step(action)
                 np.testing.assert_array_equal(ours[0], theirs[0], err_msg=f"episode {episode}, frame {frame}")
                 assert ours[1:4] == theirs[1:4]
+                # The whole 1000 x 800 canvas, not only its 96 x 96 scaled copy.
+                np.testing.assert_array_equal(
+                    pygame.surfarray.pixels3d(fast.unwrapped.surf), pygame.surfarray.pixels3d(plain.unwrapped.surf)
+                )
                 if frame % 40 == 0:  # the video render (--record) goes through the same road drawing
                     np.testing.assert_array_equal(fast.render(), plain.render())
         assert fast.unwrapped.tile_visited_count > 0  # the drive did change tile colours
@@ -64,4 +70,29 @@ def test_make_env_installs_it_and_can_leave_it_out() -> None:
 def test_envs_without_a_fast_draw_are_left_alone() -> None:
     env = gym.make(CATCH_ID)
     assert not install_fast_draw(env)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "angle", [0.0, -0.0, np.pi / 2, -np.pi / 2, np.pi, 3 * np.pi / 2, 2 * np.pi, 7 * np.pi, 1e-7, -1e-7, 1e6, 2.345]
+)
+def test_numpy_places_every_vertex_on_the_double_pygame_does(angle: float) -> None:
+    """Quarter turns (which pygame snaps to exact values), tiny and huge angles: the same coordinates exactly."""
+    points = np.random.default_rng(0).uniform(-400, 400, (50, 4, 2))
+    zoom, translation = 2.7, (500.25, 200.5)
+    ours = fast_draw._to_screen(points, zoom, translation, angle)
+    for polygon, placed in zip(points, ours, strict=True):
+        for (x, y), (px, py) in zip(polygon, placed, strict=True):
+            rotated = pygame.math.Vector2(float(x), float(y)).rotate_rad(angle)
+            assert (rotated[0] * zoom + translation[0], rotated[1] * zoom + translation[1]) == (px, py)
+
+
+def test_the_numpy_road_is_left_out_for_other_road_code_or_machines(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = gym.make("CarRacing-v3", continuous=False)
+    monkeypatch.setattr(fast_draw, "KNOWN_ROAD_SOURCE", "another gymnasium")
+    assert not install_fast_draw(env)
+    monkeypatch.undo()
+    monkeypatch.setattr(fast_draw.platform, "machine", lambda: "aarch64")
+    assert not install_fast_draw(env)
+    assert "_render_road" not in vars(env.unwrapped)
     env.close()

@@ -177,9 +177,11 @@ def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_lo
     model = _with_schedule(
         sb3.PPO("MlpPolicy", env, n_steps=64, batch_size=32, n_epochs=1, learning_rate=AnnealedRate(1e-3, 256))
     )
-    model.learn(128)
-    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 128 / 256))
+    model.learn(64)  # update 0: splitrl's learner trains it at the full rate
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+    model.learn(64, reset_num_timesteps=False)  # update 1, after 64 steps of training
+    assert model.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 64 / 256))
     model.save(tmp_path / "model.zip")
     loaded = _with_schedule(sb3.PPO.load(tmp_path / "model.zip", env=env))
-    loaded.learn(64, reset_num_timesteps=False)
-    assert loaded.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 192 / 256))
+    loaded.learn(64, reset_num_timesteps=False)  # update 2
+    assert loaded.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 128 / 256))

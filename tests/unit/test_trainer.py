@@ -51,7 +51,7 @@ def test_a_cloud_update_takes_one_step_per_minibatch_of_every_epoch():
     settings = LearnerSettings(mode="cloud", tls="plaintext", epochs=3, minibatches=4)
     network = cloud_network("cloud", MODEL, SPEC)
     before = [p.detach().clone() for p in network.parameters()]
-    stats = Trainer(network, settings).update(batch(frames()))
+    stats = Trainer(network, settings).update(batch(frames()), version=0)
     assert (stats.optimizer_steps, stats.steps, len(stats.chunk_priorities)) == (12, CHUNKS * HORIZON, CHUNKS)
     assert all(torch.isfinite(torch.tensor(value)) for _, value in stats.losses.items())
     assert any(not torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
@@ -89,7 +89,9 @@ def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
     settings = LearnerSettings(mode="split-accumulate", tls="plaintext", epochs=2, minibatches=2, encoder_fraction=0.5)
     edges = RecordingEdges()
     activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
-    stats = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges).update(batch(activations))
+    stats = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges).update(
+        batch(activations), version=0
+    )
     assert stats.optimizer_steps == 4 and 1 <= len(edges.pushed) <= 4
     pushed_ids = torch.cat([ids for ids, _ in edges.pushed])
     assert 0.25 < len(pushed_ids) / (2 * CHUNKS * HORIZON) < 0.75  # about encoder_fraction of the rows
@@ -106,7 +108,7 @@ def test_split_accumulate_sends_gradients_down_only_in_its_last_encoder_epochs()
     edges = RecordingEdges()
     network = cloud_network("split-accumulate", MODEL, SPEC)
     activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
-    stats = Trainer(network, settings, edges).update(batch(activations))
+    stats = Trainer(network, settings, edges).update(batch(activations), version=0)
     assert stats.optimizer_steps == 6 and len(edges.pushed) == 2  # one push per minibatch of the last epoch
     pushed_ids = torch.cat([ids for ids, _ in edges.pushed]).tolist()
     assert sorted(pushed_ids) == sorted(set(pushed_ids)) and len(pushed_ids) == CHUNKS * HORIZON
@@ -131,7 +133,7 @@ def test_with_ranks_the_encoder_gradient_is_scaled_by_the_ranks_that_trained():
         edges = RecordingEdges()
         torch.manual_seed(0)
         trainer = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges, parallel)  # type: ignore[arg-type]
-        trainer.update(batch(activations))
+        trainer.update(batch(activations), version=0)
         ((_, gradients),) = edges.pushed
         pushed.append(gradients)
     alone, in_group = pushed
@@ -180,7 +182,7 @@ def test_split_trains_the_head_on_stored_activations_then_exchanges_with_the_edg
     edges = FreshEdges()
     network = InputRecorder(cloud_network("split", MODEL, SPEC))
     stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)  # what the edge sent when acting
-    stats = Trainer(network, settings, edges).update(batch(stored))
+    stats = Trainer(network, settings, edges).update(batch(stored), version=0)
     assert stats.optimizer_steps == 6
     assert len(edges.fetched) == len(edges.returned) == exchanges
     assert set(torch.cat(edges.fetched[-2:]).tolist()) == set(range(CHUNKS * (HORIZON + 1))) - {
@@ -198,7 +200,7 @@ def test_split_with_an_encoder_fraction_fetches_a_share_of_rows_and_trains_the_r
     edges = FreshEdges()
     network = InputRecorder(cloud_network("split", MODEL, SPEC))
     stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
-    stats = Trainer(network, settings, edges).update(batch(stored))
+    stats = Trainer(network, settings, edges).update(batch(stored), version=0)
     assert stats.optimizer_steps == 4 and len(edges.fetched) == len(edges.returned) == 4
     fetched = sum(len(ids) for ids in edges.fetched)
     assert 0.25 < fetched / (2 * CHUNKS * HORIZON) < 0.75
@@ -223,7 +225,7 @@ def test_split_leaves_out_a_drawn_row_the_edge_no_longer_holds():
     settings = LearnerSettings(mode="split", tls="plaintext", epochs=1, minibatches=1)
     network = InputRecorder(cloud_network("split", MODEL, SPEC))
     stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
-    Trainer(network, settings, ForgetfulEdges()).update(batch(stored))
+    Trainer(network, settings, ForgetfulEdges()).update(batch(stored), version=0)
     (inputs,) = network.inputs
     assert len(inputs) == CHUNKS * HORIZON // 2 and bool((inputs == 7.0).all())
 
@@ -233,6 +235,6 @@ def test_split_with_encoder_fraction_zero_trains_the_head_alone_and_sends_nothin
     edges = FreshEdges()
     network = InputRecorder(cloud_network("split", MODEL, SPEC))
     stored = torch.zeros(CHUNKS, HORIZON + 1, WIDTH, dtype=torch.bfloat16)
-    stats = Trainer(network, settings, edges).update(batch(stored))
+    stats = Trainer(network, settings, edges).update(batch(stored), version=0)
     assert stats.optimizer_steps == 4 and edges.fetched == edges.returned == []
     assert all(bool((inputs == 0.0).all()) for inputs in network.inputs)

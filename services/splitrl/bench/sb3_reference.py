@@ -89,15 +89,17 @@ def rollout_steps(run: RunSettings) -> int:
 class AnnealedRate:
     """SB3's learning-rate schedule for splitrl's `lr_anneal_steps`: `learning_rate` falling linearly to 0 at
     that many agent steps, counted by the model's own `num_timesteps` (SB3's progress argument covers one
-    learn() call, a segment; a loaded model goes on down the same line). `model` is set once the model
-    exists, and is not pickled with it."""
+    learn() call, a segment; a loaded model goes on down the same line). SB3 asks for the rate after
+    collecting a rollout, so the steps before it are num_timesteps less that rollout: update k gets the rate
+    of splitrl's update after k updates. `model` is set once the model exists, and is not pickled with it."""
 
     def __init__(self, learning_rate: float, anneal_steps: int) -> None:
         self.learning_rate, self.anneal_steps = learning_rate, anneal_steps
         self.model: Any = None
 
     def __call__(self, _progress_remaining: float) -> float:
-        done = 0 if self.model is None else int(self.model.num_timesteps)
+        model = self.model
+        done = 0 if model is None else max(0, int(model.num_timesteps) - model.n_steps * model.n_envs)
         return self.learning_rate * max(0.0, 1.0 - done / self.anneal_steps)
 
     def __getstate__(self) -> dict[str, Any]:

@@ -73,10 +73,11 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
     agent step's time.
     """
 
-    def __init__(self, env: gym.Env[Any, Any], attribute: str) -> None:
+    def __init__(self, env: gym.Env[Any, Any], attribute: str, reuse_heap: bool = True) -> None:
         super().__init__(env)
         self.attribute = attribute
-        reuse_freed_blocks()
+        if reuse_heap:
+            reuse_freed_blocks()
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         result = self.env.reset(**kwargs)
@@ -123,12 +124,14 @@ def make_env(
     skip_render: bool = True,
     release_canvas: bool = True,
     fast_draw: bool = True,
+    reuse_heap: bool = True,
 ) -> gym.Env[Any, Any]:
     """One env whose observations are uint8 grayscale [frame_size, frame_size]; ValueError if it has no images.
 
-    `skip_render=False` draws every repeated frame, `release_canvas=False` keeps the env's drawing canvas and
-    `fast_draw=False` keeps the env's own drawing code (only to time or check the fast repeat, the release or
-    the fast draw against the plain env).
+    `skip_render=False` draws every repeated frame, `release_canvas=False` keeps the env's drawing canvas,
+    `fast_draw=False` keeps the env's own drawing code and `reuse_heap=False` leaves glibc's heap thresholds
+    as they are (only to time or check the fast repeat, the release, the fast draw or the heap setting against
+    the plain env: benchmarks/action_repeat.py, benchmarks/canvas_heap.py).
     """
     ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)
@@ -138,7 +141,7 @@ def make_env(
         env = ActionRepeat(env, action_repeat, skip_render)
     canvas = releasable_canvas_of(env) if release_canvas else None
     if canvas is not None:  # above the repeat, whose last frame may be drawn after its inner steps
-        env = ReleaseCanvas(env, canvas)
+        env = ReleaseCanvas(env, canvas, reuse_heap)
     space = env.observation_space
     if not (isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and len(space.shape) in (2, 3)):
         env.close()

@@ -13,11 +13,19 @@ the indicators, the reward text, the scaling) is still gymnasium's own code.
 
 A *fast draw* is registered per env class, like the render skippers of
 splitrl.core.action_repeat, and installed by make_env (`fast_draw=False` keeps the
-env's own drawing, to time or check it: benchmarks/action_repeat.py).
+env's own drawing, to time or check it: benchmarks/action_repeat.py). It installs
+itself only where its equivalence was checked: gymnasium's road-drawing source as
+tested here (a hash of it), and an x86-64 machine, where pygame's rotation is
+compiled without fused multiply-adds (other compilers may fuse `c * x - s * y`,
+which rounds once instead of twice). Elsewhere the env keeps its own drawing.
 """
 
 from __future__ import annotations
 
+import hashlib
+import inspect
+import logging
+import platform
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +33,14 @@ import gymnasium as gym
 import numpy as np
 
 from splitrl.core.action_repeat import env_class_key
+
+log = logging.getLogger(__name__)
+
+#: sha256 of the source of CarRacing._render_road and _draw_colored_polygon that _NumpyRoad reproduces
+#: (gymnasium 1.4.0; tests/unit/test_fast_draw.py compares the pixels).
+KNOWN_ROAD_SOURCE = "488262bbdbbe17655f6c50900df8ce544c0043584c48c4263588969ad4f9ca8b"
+#: Machines whose pygame wheels compute a rotation in separately rounded operations, as numpy does.
+CHECKED_MACHINES = ("x86_64", "AMD64")
 
 
 def _pygame_rotation(angle: float) -> tuple[float, float]:
@@ -116,20 +132,35 @@ class _NumpyRoad:
             gfxdraw.filled_polygon(surface, points, color)
 
 
-def _install_numpy_road(env: Any) -> None:
+def road_source_hash(env_class: Any) -> str | None:
+    """sha256 of `env_class`'s road-drawing source (the two methods _NumpyRoad stands in for), or None."""
+    try:
+        source = inspect.getsource(env_class._render_road) + inspect.getsource(env_class._draw_colored_polygon)
+    except (AttributeError, OSError, TypeError):  # no such methods, or no source files shipped
+        return None
+    return hashlib.sha256(source.encode()).hexdigest()
+
+
+def _install_numpy_road(env: Any) -> bool:
+    if platform.machine() not in CHECKED_MACHINES:
+        log.info("CarRacing keeps gymnasium's drawing: the numpy road is checked on x86-64 only")
+        return False
+    if road_source_hash(type(env)) != KNOWN_ROAD_SOURCE:
+        log.warning("CarRacing keeps gymnasium's drawing: this gymnasium draws its road with other code")
+        return False
     env._render_road = _NumpyRoad(env)  # an instance attribute shadows the method
+    return True
 
 
-#: Fast draws by the env class's "module.QualifiedName": each installs itself on the unwrapped env.
-FAST_DRAWS: dict[str, Callable[[Any], None]] = {
+#: Fast draws by the env class's "module.QualifiedName": each installs itself on the unwrapped env, and says
+#: whether it did.
+FAST_DRAWS: dict[str, Callable[[Any], bool]] = {
     "gymnasium.envs.box2d.car_racing.CarRacing": _install_numpy_road,
 }
 
 
 def install_fast_draw(env: gym.Env[Any, Any]) -> bool:
-    """Install the registered fast draw of `env`'s innermost class; False (nothing changed) if there is none."""
+    """Install the registered fast draw of `env`'s innermost class; False (nothing changed) if there is none, or
+    if it does not hold for this env's code or machine."""
     install = FAST_DRAWS.get(env_class_key(env))
-    if install is None:
-        return False
-    install(env.unwrapped)
-    return True
+    return install is not None and install(env.unwrapped)

@@ -24,11 +24,14 @@ from functools import cache
 
 #: glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-#: Blocks up to this size come from the heap: a CarRacing canvas is 3.2 MB (glibc's default is dynamic,
-#: from 128 KB up to the largest block freed so far).
-REUSED_BLOCK_BYTES = 4 * 2**20
-#: The heap is trimmed when more than this is free at its top: room for a canvas pair (the draw and its flip).
-HEAP_TRIM_BYTES = 16 * 2**20
+#: Blocks up to this size come from the heap: a CarRacing canvas is 3.2 MB. glibc's default is dynamic, from
+#: 128 KB up to the largest block freed so far, capped at 32 MiB; fixing it lower would send the larger tensors
+#: of a PPO update in the same process (the bench's baselines: 4-19 MB) to fresh mappings, faulted in at every
+#: minibatch (0.16-0.18 -> 0.21-0.22 CPU s per minibatch at width 4,096 with 4 MiB).
+REUSED_BLOCK_BYTES = 32 * 2**20
+#: The heap is trimmed when more than this is free at its top: above a canvas pair (the draw and its flip) and
+#: a minibatch's largest blocks, as glibc's dynamic default would be (twice the mmap threshold).
+HEAP_TRIM_BYTES = 64 * 2**20
 
 
 @cache

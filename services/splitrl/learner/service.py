@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -162,7 +163,7 @@ class LearnerService(LoopService):
                 chunks, sampled = await self._collect(replay, s.chunks_per_update // s.world_size)
                 await self._wait_for_an_edge()
                 batch = Batch.stack(chunks, self._importance_weights(sampled))
-                self._update = self._executor.submit(self.trainer.update, batch, self.version)
+                self._update = self._executor.submit(partial(self.trainer.update, batch, version=self.version))
                 stats = await asyncio.wrap_future(self._update)
                 self._update = None
                 if stats.optimizer_steps == 0:

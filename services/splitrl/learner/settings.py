@@ -36,8 +36,9 @@ class PPOSettings(Settings):
         ge=1,
         description="The learning rate falls linearly from --learning-rate to 0 over this many agent steps of "
         "training (updates x unroll_length x chunks_per_update, counted by the policy version, so a resumed run "
-        "goes on down the same line), as CleanRL's anneal_lr over a run. Set it to the run's --steps. Unset: "
-        "constant. The split modes' edge encoder keeps its own constant rate.",
+        "goes on down the same line), as CleanRL's anneal_lr. Steps trained, not env steps taken: set to the "
+        "run's --steps, the rate ends above 0 when the learner trains on fewer steps than the envs take (cloud "
+        "mode's ~512 of 620). Unset: constant. The split modes' edge encoder keeps its own constant rate.",
     )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")

@@ -162,7 +162,7 @@ class Trainer:
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
 
-    def update(self, batch: Batch, version: int = 0) -> UpdateStats:
+    def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
         starts from), which sets the learning rate (`learning_rate_at`)."""
         s = self.settings
