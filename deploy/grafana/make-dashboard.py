@@ -210,6 +210,11 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 query("max by (term) (splitrl_learner_loss)", "{{term}}"),
             ),
             graph(
+                "Learning rate",
+                query("max(splitrl_learning_rate)", "Adam learning rate"),
+                description="The learner's rate in its last update: constant, or falling to 0 with --lr-anneal-steps.",
+            ),
+            graph(
                 "Encoder version and lag (split modes)",
                 query("max(splitrl_encoder_version)", "edge encoder version"),
                 query(f"histogram_quantile(0.95, sum by (le) (rate(splitrl_encoder_lag_bucket{RATE})))", "lag p95"),
