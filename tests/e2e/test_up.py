@@ -204,3 +204,21 @@ def test_an_atari_game_runs_through_the_whole_stack_by_its_usual_id(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["env_steps"] == 400 and summary["learner_updates"] >= 1
+
+
+def test_training_every_step_makes_the_envs_wait_for_a_slow_learner_instead_of_evicting(tmp_path):
+    """--train-every-step: with a learner far slower than the envs (32 epochs per update), replay holds inserts
+    back (acting waits on them) and evicts no chunk that no update has taken."""
+    run_dir = tmp_path / "run"
+    args = ("--env", "splitrl/Catch-v0", "--frame-size", "36", "--width", "256", "--epochs", "32", "--steps", "4096")
+    result = subprocess.run(
+        splitrl("up", *args, "--train-every-step", "--no-tensorboard", "--tls", "plaintext", "--run-dir", str(run_dir)),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    replay_metrics = [(run_dir / "metrics" / "replay.prom").read_text()]
+    assert scrape.total(replay_metrics, "splitrl_replay_evictions_total") == 0
+    assert scrape.total(replay_metrics, "splitrl_replay_rate_limiter_blocked_total") > 0  # the learner was behind
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 4096

@@ -83,6 +83,23 @@ def test_a_resumed_run_plans_the_steps_left_on_new_tracks(tmp_path):
         plan(RUN, tmp_path, done_steps=1000)
 
 
+def test_training_every_step_makes_replay_hold_inserts_and_inference_wait_on_them(tmp_path):
+    default = plan(RUN, tmp_path)
+    assert default["replay"].rate_limiter().can_insert() and default["replay"].samples_per_insert is None
+    planned = plan(RUN.model_copy(update={"train_every_step": True}), tmp_path)
+    replay, inference = planned["replay"], planned["inference"]
+    assert (replay.max_size, replay.samples_per_insert, replay.error_buffer) == (16, 1.0, 15.0)
+    assert inference.max_pending_inserts == RUN.chunks_per_update
+    limiter = replay.rate_limiter()  # a table full of chunks nobody sampled takes no more: nothing is evicted
+    for _ in range(replay.max_size):
+        assert limiter.can_insert()
+        limiter.insert()
+    assert not limiter.can_insert()
+    limiter.sample()
+    limiter.delete()  # fifo: a sampled chunk leaves the table
+    assert limiter.can_insert()
+
+
 def test_a_field_the_run_and_a_service_both_have_comes_from_one_group():
     """Nothing of a service is declared a second time on the run (the drift that gave two defaults)."""
     grouped = {name for group in SHARED_GROUPS for name in group.model_fields}

@@ -82,6 +82,10 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     replay_chunks = run.replay_max_size or 2 * run.chunks_per_update
     if name == "replay":
         values["max_size"] = replay_chunks
+        if run.train_every_step:  # an insert waits while the table is full of chunks no update has taken
+            values["samples_per_insert"], values["error_buffer"] = 1.0, float(replay_chunks - 1)
+    if name == "inference" and run.train_every_step:  # so that waiting inserts make acting wait
+        values["max_pending_inserts"] = run.chunks_per_update
     if name == "edge-encoder":
         values["observation_store_size"] = observation_store_size_for(
             replay_chunks, run.unroll_length, run.chunks_per_update, run.num_envs
@@ -99,6 +103,9 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
         {"replay_max_size", "chunks_per_update", "unroll_length", "num_envs"}
     ),
     ("environment", "max_steps"): frozenset({"steps"}),
+    ("replay", "samples_per_insert"): frozenset({"train_every_step"}),
+    ("replay", "error_buffer"): frozenset({"train_every_step"}),
+    ("inference", "max_pending_inserts"): frozenset({"train_every_step"}),
 }
 
 

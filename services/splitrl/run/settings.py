@@ -42,6 +42,14 @@ class RunSettings(
         description="Chunks replay holds, oldest evicted first. Default 2 x chunks_per_update: the learner trains "
         "on fresh chunks (policy lag about 2 updates) instead of working through a backlog.",
     )
+    train_every_step: bool = Field(
+        False,
+        description="Acting waits for the learner instead of replay evicting chunks it has not trained on: replay "
+        "gets a samples-per-insert rate limiter of 1 whose buffer is its size, and inference buffers at most "
+        "chunks_per_update unacknowledged chunks. Every env step is then trained once, as in synchronous PPO, at "
+        "the slower of the envs' and the learner's pace. Off: the envs run ahead and replay evicts the oldest "
+        "chunks (in cloud mode ~1 in 5 steps once the learner is the slower side).",
+    )
     tensorboard: bool = Field(
         True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
     )
