@@ -48,7 +48,7 @@ class RunSettings(
         "gets a samples-per-insert rate limiter of 1 whose buffer is its size, and inference buffers at most "
         "chunks_per_update unacknowledged chunks. Every env step is then trained once, as in synchronous PPO, at "
         "the slower of the envs' and the learner's pace. Off: the envs run ahead and replay evicts the oldest "
-        "chunks (in cloud mode ~1 in 5 steps once the learner is the slower side).",
+        "chunks (a sixth to a quarter of cloud mode's CarRacing steps, once the learner is the slower side).",
     )
     tensorboard: bool = Field(
         True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
