@@ -88,7 +88,8 @@ def test_every_run_the_bench_times_is_described_by_its_flags() -> None:
     assert (run.env, run.action_repeat, run.chunks_per_update, run.unroll_length) == ("splitrl/Catch-v0", 3, 5, 7)
     assert (run.epochs, run.learning_rate, run.num_envs, run.seed, run.steps) == (2, 1e-3, 5, 4, 999)
     assert (run.mode, run.codec, run.activation_codec, run.gradient_codec) == ("split", "frame+zstd", "int8", "int8")
-    assert run.torch_threads == 2
+    assert run.torch_threads == 2 and not run.train_every_step
+    assert run_settings(bench.model_copy(update={"train_every_step": True}), "cloud").train_every_step
 
 
 def test_sync_ppo_trains_once_per_chunks_per_update_chunks() -> None:

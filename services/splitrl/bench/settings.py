@@ -103,6 +103,12 @@ class ThroughputBenchSettings(
     raw TCP. Every run shares the env, action repeat and PPO flags below (the names `splitrl up` takes)."""
 
     env: str = Field("CarRacing-v3", description="Gymnasium env id (splitrl/Catch-v0 shows per-step overhead).")
+    train_every_step: bool = Field(
+        False,
+        description="Stack: acting waits for the learner and every step is trained once (splitrl up "
+        "--train-every-step), so the stack does the references' updates per frame instead of letting replay "
+        "evict what its learner cannot keep up with.",
+    )
     num_envs: int = Field(8, ge=1, le=1024, description="Envs stepped together, in the references and the stack.")
     env_groups: int = Field(
         2, ge=1, le=64, description="Stack: env groups in the environment process (2: double-buffered sampling)."

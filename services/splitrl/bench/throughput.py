@@ -69,6 +69,7 @@ def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | 
         activation_codec=settings.activation_codec,
         gradient_codec=settings.activation_codec,
         steps=settings.steps,
+        train_every_step=settings.train_every_step,
         torch_threads=settings.torch_threads,
         progress_interval_s=0.5,
         run_dir=run_dir,

@@ -158,7 +158,8 @@ def _training_table(report: ThroughputReport) -> list[str]:
         f"Training end to end: env frames/s while training (frames = agent steps x action repeat {repeat}), "
         f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
         f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
-        f"{s['minibatches']} minibatches. Envs step {where_envs_step}.",
+        f"{s['minibatches']} minibatches. Envs step {where_envs_step}."
+        + (" The stack trains every step once (--train-every-step)." if s.get("train_every_step") else ""),
         "",
         "| run | env frames/s | "
         + " | ".join(f"x {name}" for name in references)
