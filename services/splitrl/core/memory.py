@@ -10,9 +10,9 @@ lot (an encoder optimizer step), never per env step. Returning every free at onc
 The opposite case is a process that frees and reallocates the same large block at every step: CarRacing's
 3.2 MB drawing canvas, freed after each step by splitrl.core.envs.ReleaseCanvas. With glibc's default
 (dynamic) thresholds the freed canvas sits at the top of the heap, the heap is trimmed, and the next draw
-faults its ~1,600 pages back in: 7.85 against 3.79 ms per agent step for 8 envs in one process.
-`reuse_freed_blocks()` fixes the thresholds so such a block stays in the heap for the next draw, of any env
-of the process (8 envs then hold 65 MB resident instead of 59 released or 88 kept).
+faults its ~1,530 pages back in: 7.52 against 3.92 ms per agent step for 8 envs in one process
+(benchmarks/canvas_heap.py). `reuse_freed_blocks()` fixes the thresholds so such a block stays in the heap for
+the next draw, of any env of the process (8 envs then hold 65 MB resident instead of 59 released or 89 kept).
 """
 
 from __future__ import annotations
