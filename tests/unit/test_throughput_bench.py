@@ -186,3 +186,36 @@ def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_lo
     loaded = _with_schedule(sb3.PPO.load(tmp_path / "model.zip", env=env))
     loaded.learn(64, reset_num_timesteps=False)  # update 2
     assert loaded.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 128 / 256))
+
+
+def test_sb3_reference_takes_the_recipes_ppo_settings():
+    """Equal hyperparameters: the SB3 peer's clip, loss weights and gradient clip are the recipe's, not SB3's."""
+    pytest.importorskip("stable_baselines3")
+    from splitrl.bench.sb3_reference import _new_model, _vector_env
+    from splitrl.run.settings import RunSettings
+
+    run = RunSettings(
+        env="splitrl/Catch-v0",
+        frame_size=36,
+        num_envs=2,
+        env_groups=1,
+        unroll_length=8,
+        chunks_per_update=4,
+        epochs=3,
+        minibatches=2,
+        clip=0.1,
+        entropy_coef=0.02,
+        value_coef=0.25,
+        max_grad_norm=1.5,
+        gamma=0.97,
+        gae_lambda=0.9,
+    )
+    venv = _vector_env(run, seed=0)
+    try:
+        model = _new_model(run, venv, seed=0)
+    finally:
+        venv.close()
+    assert model.clip_range(1.0) == pytest.approx(0.1)
+    assert (model.ent_coef, model.vf_coef, model.max_grad_norm) == (0.02, 0.25, 1.5)
+    assert (model.n_steps, model.batch_size, model.n_epochs) == (16, 16, 3)
+    assert (model.gamma, model.gae_lambda) == (0.97, 0.9)

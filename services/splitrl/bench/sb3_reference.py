@@ -10,8 +10,8 @@ What is the same as splitrl's cloud mode: the env (splitrl.core.envs.make_env:
 gray, resized, the fast action repeat), the frame stack, the network (Nature
 CNN, a 512-unit layer, linear actor and critic heads, orthogonal init), and the
 PPO recipe: rollout = unroll_length x chunks_per_update agent steps, the same
-minibatches, epochs, learning rate (and its linear anneal), gamma, GAE lambda, clip 0.2, entropy and
-value weights, gradient clip 0.5, per-minibatch advantage normalisation, Adam
+minibatches, epochs, learning rate (and its linear anneal), gamma, GAE lambda, ratio clip, entropy and
+value weights, gradient-norm clip, per-minibatch advantage normalisation, Adam
 eps 1e-5, reward_scale (applied after SB3's Monitor, which records the
 unscaled returns), and with --env-workers envs stepped in other processes
 (SB3's SubprocVecEnv: a process per env). What differs: SB3 steps and trains in turn in one process
@@ -130,10 +130,10 @@ def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
         learning_rate=_learning_rate(run),
         gamma=run.gamma,
         gae_lambda=run.gae_lambda,
-        clip_range=0.2,
+        clip_range=run.clip,
         ent_coef=run.entropy_coef,
-        vf_coef=0.5,
-        max_grad_norm=0.5,
+        vf_coef=run.value_coef,
+        max_grad_norm=run.max_grad_norm,
         seed=seed,
         device="cpu",
         verbose=0,
