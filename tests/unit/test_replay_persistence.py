@@ -16,14 +16,8 @@ from prometheus_client import CollectorRegistry
 from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest
 from splitrl.replay.dedup import Writers
-from splitrl.replay.persistence import (
-    MAGIC_LOG,
-    CorruptData,
-    RecordReader,
-    ReplayStore,
-    frame,
-    segment_path,
-)
+from splitrl.replay.persistence import ReplayStore
+from splitrl.replay.records import MAGIC_LOG, CorruptData, RecordReader, frame, segment_path
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
 from splitrl.v1 import replay_pb2

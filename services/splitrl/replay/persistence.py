@@ -16,7 +16,8 @@ Files in `data_dir`:
 Restore = snapshot, then every later segment in order. A record cut short or
 failing its CRC at the end of the last segment (a crash mid-write) is dropped
 and the file truncated there; anywhere else it is corruption and replay refuses
-to start, naming the file and offset.
+to start, naming the file and offset. The framing, the reading of whole records and the open log segment
+are splitrl.replay.records.
 
 What restore gives back exactly: every acknowledged item, with its key,
 priority and times sampled; keys continue (never reused); each table's inserts,
@@ -30,77 +31,34 @@ selectors' random state (draws after a restart differ).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import fcntl
 import logging
 import os
-import struct
 import time
-import zlib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
-
-from google.protobuf.message import DecodeError, Message
 
 from splitrl.core.metrics import Metrics
 from splitrl.replay.dedup import Writers
+from splitrl.replay.records import (
+    MAGIC_LOG,
+    CorruptData,
+    FsyncPolicy,
+    Log,
+    RecordReader,
+    frame,
+    fsync_directory,
+    log_segments,
+    parse,
+    segment_path,
+)
 from splitrl.replay.table import Table
 from splitrl.v1 import replay_pb2, replay_store_pb2
 
 log = logging.getLogger(__name__)
 
-FsyncPolicy = Literal["always", "never"]
-MAGIC_LOG = b"SRLWAL1\n"
 MAGIC_SNAPSHOT = b"SRLSNP1\n"
 SNAPSHOT_FORMAT = 1
-_FRAME = struct.Struct("<II")
-#: A length above this is not a record of ours (corruption), not a request to allocate it.
-MAX_RECORD_BYTES = 1 << 30
-
-
-class CorruptData(RuntimeError):
-    """A snapshot or a log segment that cannot be restored; the message names the file and offset."""
-
-
-def frame(payload: bytes) -> bytes:
-    """One record as it lies on disk: length, CRC-32 of the payload, payload."""
-    return _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
-
-
-@dataclass
-class RecordReader:
-    """Iterates the records of one file; afterwards `end` is the offset just past the last whole record.
-
-    A short or CRC-failing record stops the iteration (`torn` is then True); nothing after it is read.
-    """
-
-    path: Path
-    magic: bytes
-    end: int = 0
-    torn: bool = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        with self.path.open("rb") as file:
-            head = file.read(len(self.magic))
-            if head != self.magic:
-                if self.magic.startswith(head):  # created, crashed before its magic was whole
-                    self.torn = bool(head)
-                    return
-                raise CorruptData(f"{self.path} is not a splitrl replay file (starts with {head!r})")
-            self.end = len(self.magic)
-            while header := file.read(_FRAME.size):
-                if len(header) < _FRAME.size:
-                    self.torn = True
-                    return
-                length, crc = _FRAME.unpack(header)
-                payload = file.read(length) if length <= MAX_RECORD_BYTES else b""
-                if length > MAX_RECORD_BYTES or len(payload) < length or zlib.crc32(payload) != crc:
-                    self.torn = True
-                    return
-                self.end += _FRAME.size + length
-                yield payload
 
 
 @dataclass
@@ -110,101 +68,6 @@ class _Captured:
     header: replay_store_pb2.SnapshotHeader
     #: (table, key, priority, times sampled, trajectory) as they were at capture; trajectories are never mutated.
     items: list[tuple[str, int, float, int, replay_pb2.Trajectory]] = field(default_factory=list)
-
-
-class Log:
-    """The open log segment. `append` puts a record in the OS before returning; `durable` fsyncs (grouped)."""
-
-    def __init__(self, directory: Path, segment: int, fsync: FsyncPolicy, metrics: Metrics) -> None:
-        self.directory, self.fsync, self._metrics = directory, fsync, metrics
-        self.segment = segment
-        self._file = self._open(segment)
-        self.appended = 0  # records appended since the log was opened, over all segments
-        self._synced = 0
-        self._syncing: asyncio.Task[None] | None = None
-
-    def _open(self, segment: int) -> IO[bytes]:
-        file = open(segment_path(self.directory, segment), "xb", buffering=0)  # noqa: SIM115 (kept open)
-        file.write(MAGIC_LOG)
-        if self.fsync == "always":
-            _fsync_directory(self.directory)
-        return file
-
-    def append(self, record: replay_store_pb2.LogRecord) -> None:
-        data = frame(record.SerializeToString())
-        written = self._file.write(data)  # unbuffered: one write(2); a short one would be a torn tail
-        if written != len(data):
-            raise OSError(f"short write to {self._file.name}: {written} of {len(data)} bytes")
-        self.appended += 1
-        self._metrics.replay_log_bytes.inc(len(data))
-
-    async def durable(self) -> None:
-        """Return once every record appended so far is fsynced (fsync="never": at once).
-
-        Concurrent callers share fsyncs: one runs at a time, covering everything appended before it began.
-        """
-        target = self.appended
-        while self.fsync == "always" and self._synced < target:
-            if self._syncing is None:
-                self._syncing = asyncio.create_task(self._sync())
-            await asyncio.shield(self._syncing)
-
-    async def _sync(self) -> None:
-        covered = self.appended
-        try:
-            await asyncio.to_thread(os.fsync, self._file.fileno())
-            self._synced = max(self._synced, covered)
-        finally:
-            self._syncing = None
-
-    async def idle(self) -> None:
-        """Wait until no fsync is running (so the file may be closed)."""
-        while self._syncing is not None:
-            with contextlib.suppress(OSError):
-                await asyncio.shield(self._syncing)
-
-    def rotate(self) -> int:
-        """Close this segment (fsynced, with fsync="always") and open the next; returns the new number.
-
-        Call after `idle()` with no await in between.
-        """
-        self._close_file()
-        self._synced = self.appended
-        self.segment += 1
-        self._file = self._open(self.segment)
-        return self.segment
-
-    def close(self) -> None:
-        self._close_file()
-
-    def _close_file(self) -> None:
-        if self.fsync == "always":
-            os.fsync(self._file.fileno())
-        self._file.close()
-
-
-def segment_path(directory: Path, segment: int) -> Path:
-    return directory / f"log-{segment:08d}.wal"
-
-
-def _segments(directory: Path) -> list[int]:
-    return sorted(int(path.stem.removeprefix("log-")) for path in directory.glob("log-*.wal"))
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make a created or renamed file's name durable (power loss), not only its bytes."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _parse(message: Message, payload: bytes, path: Path) -> None:
-    try:
-        message.ParseFromString(payload)
-    except DecodeError as error:  # CRC was right: written by something else, or another format
-        raise CorruptData(f"{path}: a record passed its CRC but is not a {message.DESCRIPTOR.name}: {error}") from None
 
 
 class ReplayStore:
@@ -238,7 +101,7 @@ class ReplayStore:
         """Rebuild `tables` (new, empty) and `writers` from disk; open the log. Returns the seconds it took."""
         started = time.perf_counter()
         first_segment = self._restore_snapshot(tables, writers) if self.snapshot_path.exists() else 0
-        segments = _segments(self.directory)
+        segments = log_segments(self.directory)
         for segment in [s for s in segments if s < first_segment]:  # covered by the snapshot: a crash left them
             segment_path(self.directory, segment).unlink()
         later = [s for s in segments if s >= first_segment]
@@ -259,13 +122,13 @@ class ReplayStore:
         reader = RecordReader(self.snapshot_path, MAGIC_SNAPSHOT)
         records = iter(reader)
         header = replay_store_pb2.SnapshotHeader()
-        _parse(header, next(records, b""), self.snapshot_path)
+        parse(header, next(records, b""), self.snapshot_path)
         if header.format != SNAPSHOT_FORMAT:
             raise CorruptData(f"{self.snapshot_path}: format {header.format}, this replay reads {SNAPSHOT_FORMAT}")
         by_table: dict[str, list[replay_store_pb2.LoggedInsert]] = {state.name: [] for state in header.tables}
         for payload in records:
             item = replay_store_pb2.LoggedInsert()
-            _parse(item, payload, self.snapshot_path)
+            parse(item, payload, self.snapshot_path)
             if item.table not in by_table:
                 raise CorruptData(f"{self.snapshot_path}: item {item.key} of table {item.table!r}, not in its header")
             by_table[item.table].append(item)
@@ -280,7 +143,7 @@ class ReplayStore:
         reader = RecordReader(path, MAGIC_LOG)
         for payload in reader:
             record = replay_store_pb2.LogRecord()
-            _parse(record, payload, path)
+            parse(record, payload, path)
             self._replayed += 1
             change = record.WhichOneof("change")
             if change == "insert":
@@ -340,7 +203,7 @@ class ReplayStore:
             captured = self._capture(tables, writers)  # no await from idle() to here: nothing changes meanwhile
             started = time.perf_counter()
             await asyncio.to_thread(self._write_snapshot, captured)
-            for segment in _segments(self.directory):
+            for segment in log_segments(self.directory):
                 if segment < captured.header.next_segment:
                     segment_path(self.directory, segment).unlink()
             self.metrics.replay_snapshots.inc()
@@ -381,7 +244,7 @@ class ReplayStore:
                 os.fsync(file.fileno())
         tmp.replace(self.snapshot_path)
         if self.fsync == "always":
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
 
     async def close(self, tables: dict[str, Table], writers: Writers) -> None:
         """Shutdown: a last snapshot if anything changed since the previous one, then release the directory."""
