@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from splitrl.core import scrape
+from splitrl.core.metrics import POLICY_LAG
 
 pytestmark = pytest.mark.e2e
 
@@ -222,3 +223,7 @@ def test_training_every_step_makes_the_envs_wait_for_a_slow_learner_instead_of_e
     assert scrape.total(replay_metrics, "splitrl_replay_evictions_total") == 0
     assert scrape.total(replay_metrics, "splitrl_replay_rate_limiter_blocked_total") > 0  # the learner was behind
     assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == 4096
+    learner_metrics = [(run_dir / "metrics" / "learner.prom").read_text()]
+    lag = scrape.total(learner_metrics, POLICY_LAG + "_sum") / scrape.total(learner_metrics, POLICY_LAG + "_count")
+    print(f"mean policy lag {lag:.2f}")
+    assert lag <= 2.0  # chunks wait at most about one update in replay: the learner trains on recent ones

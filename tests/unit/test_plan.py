@@ -88,16 +88,20 @@ def test_training_every_step_makes_replay_hold_inserts_and_inference_wait_on_the
     assert default["replay"].rate_limiter().can_insert() and default["replay"].samples_per_insert is None
     planned = plan(RUN.model_copy(update={"train_every_step": True}), tmp_path)
     replay, inference = planned["replay"], planned["inference"]
-    assert (replay.max_size, replay.samples_per_insert, replay.error_buffer) == (16, 1.0, 15.0)
-    assert inference.max_pending_inserts == RUN.chunks_per_update
-    limiter = replay.rate_limiter()  # a table full of chunks nobody sampled takes no more: nothing is evicted
-    for _ in range(replay.max_size):
+    assert (replay.max_size, replay.samples_per_insert, replay.error_buffer) == (16, 1.0, 7.0)
+    assert inference.max_pending_inserts == RUN.num_envs
+    limiter = replay.rate_limiter()  # one update's chunks that nobody sampled take no more: nothing is evicted
+    for _ in range(RUN.chunks_per_update):
         assert limiter.can_insert()
         limiter.insert()
     assert not limiter.can_insert()
     limiter.sample()
     limiter.delete()  # fifo: a sampled chunk leaves the table
     assert limiter.can_insert()
+    sharded = plan(
+        RUN.model_copy(update={"train_every_step": True, "inference_replicas": 2, "replay_shards": 2}), tmp_path
+    )
+    assert sharded["replay"].error_buffer == 3.0  # each shard holds back its share of an update
 
 
 def test_a_field_the_run_and_a_service_both_have_comes_from_one_group():

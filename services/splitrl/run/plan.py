@@ -82,10 +82,10 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     replay_chunks = run.replay_max_size or 2 * run.chunks_per_update
     if name == "replay":
         values["max_size"] = replay_chunks
-        if run.train_every_step:  # an insert waits while the table is full of chunks no update has taken
-            values["samples_per_insert"], values["error_buffer"] = 1.0, float(replay_chunks - 1)
-    if name == "inference" and run.train_every_step:  # so that waiting inserts make acting wait
-        values["max_pending_inserts"] = run.chunks_per_update
+        if run.train_every_step:
+            values["samples_per_insert"], values["error_buffer"] = 1.0, float(unsampled_chunks_bound(run) - 1)
+    if name == "inference" and run.train_every_step:  # waiting inserts make acting wait, a round of chunks later
+        values["max_pending_inserts"] = run.num_envs
     if name == "edge-encoder":
         values["observation_store_size"] = observation_store_size_for(
             replay_chunks, run.unroll_length, run.chunks_per_update, run.num_envs
@@ -96,6 +96,18 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     return values
 
 
+def unsampled_chunks_bound(run: RunSettings) -> int:
+    """--train-every-step: the chunks one replay shard holds that no update has taken, at most; an insert beyond
+    them waits (a samples-per-insert rate limiter of 1 with this bound as its buffer).
+
+    One update's share of the shard: the envs fill it while the learner trains on the previous one, so the
+    learner trains on chunks about one update old and nothing is evicted (never above the table's size). Two
+    updates' worth, as this was first, let chunks wait a second update: a policy lag of ~3.5 in a CarRacing run.
+    """
+    per_shard = -(-run.chunks_per_update // run.replay_shards)
+    return max(2, min(per_shard, run.replay_max_size or 2 * run.chunks_per_update))
+
+
 #: run_values' fields that are not copies of a run field of the same name: (service, field) -> run fields.
 DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
     ("replay", "max_size"): frozenset({"replay_max_size", "chunks_per_update"}),
@@ -104,8 +116,10 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("environment", "max_steps"): frozenset({"steps"}),
     ("replay", "samples_per_insert"): frozenset({"train_every_step"}),
-    ("replay", "error_buffer"): frozenset({"train_every_step"}),
-    ("inference", "max_pending_inserts"): frozenset({"train_every_step"}),
+    ("replay", "error_buffer"): frozenset(
+        {"train_every_step", "chunks_per_update", "replay_shards", "replay_max_size"}
+    ),
+    ("inference", "max_pending_inserts"): frozenset({"train_every_step", "num_envs"}),
 }
 
 

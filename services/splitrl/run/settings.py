@@ -45,10 +45,11 @@ class RunSettings(
     train_every_step: bool = Field(
         False,
         description="Acting waits for the learner instead of replay evicting chunks it has not trained on: replay "
-        "gets a samples-per-insert rate limiter of 1 whose buffer is its size, and inference buffers at most "
-        "chunks_per_update unacknowledged chunks. Every env step is then trained once, as in synchronous PPO, at "
-        "the slower of the envs' and the learner's pace. Off: the envs run ahead and replay evicts the oldest "
-        "chunks (a sixth to a quarter of cloud mode's CarRacing steps, once the learner is the slower side).",
+        "holds at most one update's chunks that no update has taken (a samples-per-insert rate limiter of 1), and "
+        "inference at most num_envs unacknowledged ones. Every env step is then trained once, as in synchronous "
+        "PPO, on chunks about one update old, at the slower of the envs' and the learner's pace. Off: the envs "
+        "run ahead and replay evicts the oldest chunks (a sixth to a quarter of cloud mode's CarRacing steps, "
+        "once the learner is the slower side).",
     )
     tensorboard: bool = Field(
         True, description="Write TensorBoard event files to RUN_DIR/tensorboard/ (--no-tensorboard: none)."
