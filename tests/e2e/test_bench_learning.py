@@ -30,15 +30,20 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp_path / "out" / "runs" / "cloud_frame_seed0"
     evals = run_dir_files.load_evals(run_dir)
-    assert [e["env_steps"] for e in evals] == [600, 1200]
-    assert [e["episodes"] for e in evals] == [4, 6]  # the last segment's evaluation is the final one
+    # each segment end: argmax, then sampled actions; the last segment's evaluations are the final ones
+    assert [(e["env_steps"], e["episodes"], e["deterministic"]) for e in evals] == [
+        (600, 4, True),
+        (600, 4, False),
+        (1200, 6, True),
+        (1200, 6, False),
+    ]
     table = (tmp_path / "out" / "learning.md").read_text()
     assert "| cloud:frame | 0 | 1,200 |" in table
     assert (tmp_path / "out" / "learning.png").stat().st_size > 0
 
     again = bench(tmp_path, 1200)  # everything done: nothing is trained or evaluated again
     assert again.returncode == 0 and "training to" not in again.stdout
-    assert len(run_dir_files.load_evals(run_dir)) == 2
+    assert len(run_dir_files.load_evals(run_dir)) == 4
     (tmp_path / "out" / "learning.md").unlink()
     report = bench(tmp_path, 999_999, "--report-only")  # a bigger budget, but only the report is written
     assert report.returncode == 0 and "training to" not in report.stdout
@@ -48,9 +53,9 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert extended.returncode == 0, extended.stdout + extended.stderr
     curve = run_dir_files.load_curve(run_dir)
     assert curve[-1]["env_steps"] == 1800
-    assert [e["env_steps"] for e in run_dir_files.load_evals(run_dir)] == [600, 1200, 1800]
+    assert [e["env_steps"] for e in run_dir_files.load_evals(run_dir)] == [600, 600, 1200, 1200, 1800, 1800]
     results = json.loads((tmp_path / "out" / "learning.json").read_text())
-    assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 3
+    assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 6
 
 
 @pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
@@ -62,7 +67,8 @@ def test_the_stable_baselines3_reference_trains_beside_splitrl(tmp_path):
     assert curve[-1]["env_steps"] >= 1280 and curve[-1]["episodes"] > 0 and curve[-1]["updates"] >= 1
     evals = run_dir_files.load_evals(run_dir)
     # SB3 trains whole rollouts of 128 steps: segments of 600 frames end at 640 and 1,280.
-    assert [(e["env_steps"], e["episodes"]) for e in evals] == [(640, 4), (1280, 6)]
+    assert [(e["env_steps"], e["episodes"]) for e in evals] == [(640, 4), (640, 4), (1280, 6), (1280, 6)]
+    assert [e["deterministic"] for e in evals] == [True, False, True, False]
     table = (tmp_path / "out" / "learning.md").read_text()
     assert "| sb3-ppo | 0 |" in table and "n/a (one process)" in table
     assert "| cloud:frame | 0 |" in table

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from splitrl.bench.learning import Row, last_segment_shadow, shadow_table_lines
+from splitrl.bench.learning import Row, last_segment_shadow
+from splitrl.bench.learning_report import shadow_table_lines
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.run import files as run_dir_files
 from splitrl.run.evaluate import summarize

@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from splitrl.bench.learning_report import write_learning_report
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings, row_flags
 from splitrl.core.args import load_config, to_argv
@@ -54,15 +55,21 @@ def _action_repeat(settings: LearningBenchSettings) -> int:
 
 def _budget(settings: LearningBenchSettings, repeat: int) -> Budget:
     return Budget.of_frames(
-        settings.frames, settings.segment_frames, repeat, settings.eval_episodes, settings.final_episodes
+        settings.frames,
+        settings.segment_frames,
+        repeat,
+        settings.eval_episodes,
+        settings.final_episodes,
+        sampled_evals=settings.sampled_evals,
     )
 
 
 def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, repeat: int) -> None:
     """Bring one run to the frame budget, segment by segment, each followed by an evaluation."""
 
-    def evaluate(episodes: int) -> None:
-        _call(_splitrl("eval", str(run_dir), "--episodes", str(episodes)), f"eval {run_dir}")
+    def evaluate(episodes: int, deterministic: bool) -> None:
+        policy = () if deterministic else ("--no-deterministic",)
+        _call(_splitrl("eval", str(run_dir), "--episodes", str(episodes), *policy), f"eval {run_dir}")
 
     def train_to(_: dict[str, float], target: int) -> None:
         if (run_dir / run_dir_files.SETTINGS_FILE).exists():
@@ -163,7 +170,7 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
         "curve": curve,
         "evals": [
             {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
-            | {"frames": e["env_steps"] * repeat}
+            | {"frames": e["env_steps"] * repeat, "deterministic": e.get("deterministic", True)}
             for e in evals
             if e.get("env_steps") is not None
         ],
@@ -187,55 +194,3 @@ def last_segment_shadow(run_dir: Path) -> dict[str, float] | None:
         "cloud_h264_wan_bytes_per_env_step": shadow["wan_bytes_per_env_step"],
         "split_share": shadow["split_share"],
     }
-
-
-def shadow_table_lines(results: list[dict[str, Any]]) -> list[str]:
-    """The table of the runs that carry a video shadow (none: no lines)."""
-    shadowed = [r for r in results if r.get("last_segment_shadow")]
-    if not shadowed:
-        return []
-    lines = [
-        "",
-        "Split runs with `--video-shadow`, last segment: the split's WAN bytes per agent step beside cloud mode's "
-        "over H.264 for the same frames (the edge encodes them as cloud would and counts, sending nothing).",
-        "",
-        "| row | seed | agent steps | split WAN B/step | cloud H.264 B/step, same frames | split / cloud |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in shadowed:
-        shadow = r["last_segment_shadow"]
-        lines.append(
-            f"| {r['row']} | {r['seed']} | {shadow['env_steps']:,} | {shadow['split_wan_bytes_per_env_step']:.1f} "
-            f"| {shadow['cloud_h264_wan_bytes_per_env_step']:.1f} | {shadow['split_share']:.3f} |"
-        )
-    return lines
-
-
-def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
-    from splitrl.bench.learning_plots import plot_learning
-
-    out.mkdir(parents=True, exist_ok=True)
-    lines = [
-        "| row | seed | env frames | wall min | WAN bytes | WAN B/frame | train return (last 20%) "
-        "| final eval: episodes | mean | IQM | std |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in results:
-        final = r["evals"][-1] if r["evals"] else None
-        train = "n/a" if r["train_return_last_20pct"] is None else f"{r['train_return_last_20pct']:.1f}"
-        evaluation = (
-            "| n/a | | | |"
-            if final is None
-            else f"| {final['episodes']} | {final['mean']:.1f} | {final['iqm']:.1f} | {final['std']:.1f} |"
-        )
-        per_frame = "n/a" if r["wan_bytes_per_frame"] is None else f"{r['wan_bytes_per_frame']:.1f}"
-        wan = "n/a (one process)" if r["wan_bytes"] is None else f"{r['wan_bytes']:,.0f}"
-        lines.append(
-            f"| {r['row']} | {r['seed']} | {r['frames']:,} | {r['wall_seconds'] / 60:.1f} | {wan} "
-            f"| {per_frame} | {train} {evaluation}"
-        )
-    lines += shadow_table_lines(results)
-    (out / "learning.md").write_text("\n".join(lines) + "\n")
-    without_curves = [{k: v for k, v in r.items() if k != "curve"} for r in results]
-    (out / "learning.json").write_text(json.dumps(without_curves, indent=2))
-    return [out / "learning.md", out / "learning.json", plot_learning(results, out / "learning.png")]

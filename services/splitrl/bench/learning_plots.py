@@ -16,9 +16,9 @@ SEED_MARKERS = "Dos^v"
 
 def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
     """Lines: training return (bins of finished episodes); markers: evaluations (mean +- std) on unseen
-    episodes. One colour per row, one marker shape per seed (each seed is its own line); the legend, below
-    the panels, names each row once. Rows without WAN bytes (a one-process reference peer) are left out of
-    the bytes panel."""
+    episodes, filled for the most likely action, hollow for sampled actions. One colour per row, one marker
+    shape per seed (each seed is its own line); the legend, below the panels, names each row once. Rows
+    without WAN bytes (a one-process reference peer) are left out of the bytes panel."""
     fig = Figure(figsize=(14, 6.5), layout="constrained")
     FigureCanvasAgg(fig)
     by_frames, by_bytes = fig.subplots(1, 2, sharey=True)
@@ -37,11 +37,15 @@ def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
             by_frames.plot(frames, returns, color=colour, alpha=0.5, lw=1, label=label)
             if r["wan_bytes"] is not None:
                 by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
-        if r["evals"]:
-            evals = r["evals"]
+        marker = SEED_MARKERS[seeds.index(r["seed"]) % len(SEED_MARKERS)]
+        for deterministic in (True, False):  # argmax filled, sampled hollow
+            evals = [e for e in r["evals"] if e.get("deterministic", True) == deterministic]
+            if not evals:
+                continue
             means, stds = [e["mean"] for e in evals], [e["std"] for e in evals]
-            marker = SEED_MARKERS[seeds.index(r["seed"]) % len(SEED_MARKERS)]
             style = {"yerr": stds, "fmt": marker, "color": colour, "capsize": 3}
+            if not deterministic:
+                style["mfc"] = "none"
             by_frames.errorbar([e["frames"] for e in evals], means, **style)
             if r["wan_bytes"] is not None:
                 by_bytes.errorbar([wan_at(e["env_steps"]) for e in evals], means, **style)
@@ -59,7 +63,7 @@ def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
             loc="outside lower center",
             ncols=min(4, len(colours)),
             fontsize=8,
-            title=f"lines: training return; markers: evaluations, mean ± std ({shapes})",
+            title=f"lines: training return; markers: evaluations, mean ± std, filled argmax, hollow sampled ({shapes})",
             title_fontsize=8,
         )
     out.parent.mkdir(parents=True, exist_ok=True)

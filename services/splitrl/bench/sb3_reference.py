@@ -207,9 +207,9 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     run_dir_files.save_settings(run_dir, run.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     model_path = run_dir / "checkpoints" / MODEL_FILE
 
-    def evaluate(episodes: int) -> None:
+    def evaluate(episodes: int, deterministic: bool) -> None:
         actor = _SB3Actor(sb3.PPO.load(model_path, device="cpu"), run)
-        settings = EvalSettings.model_validate({"episodes": episodes})
+        settings = EvalSettings.model_validate({"episodes": episodes, "deterministic": deterministic})
         evaluate_actor(run_dir, run, partial(_same, actor), settings)
 
     def train_to(offset: dict[str, float], target: int) -> None:

@@ -231,6 +231,12 @@ class LearningBenchSettings(Settings):
         20, ge=1, description="Unseen episodes per evaluation (the final one plays --final-episodes)."
     )
     final_episodes: int = Field(100, ge=1, description="Unseen episodes of each run's final evaluation.")
+    sampled_evals: bool = Field(
+        True,
+        description="Evaluate each segment end twice on the same episodes: with the most likely action (argmax), "
+        "then sampling the policy's actions (--no-sampled-evals: argmax only). A discrete CarRacing policy that "
+        "drives by mixing 'nothing' and 'gas' can stand still under argmax.",
+    )
     out: Path = Field(Path("runs/bench-learning"), description="Output directory: runs/, learning.md, .json, PNG.")
     report_only: bool = Field(
         False, description="Train and evaluate nothing: write the table and figure from the runs under OUT as they are."

@@ -1,0 +1,94 @@
+"""The learning bench's segment loop and its report, with stand-ins for training and evaluating."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from splitrl.bench.learning_report import evaluation_table_lines, write_learning_report
+from splitrl.bench.segments import Budget, run_segments
+from splitrl.run import files as run_dir_files
+
+
+def fake_run(run_dir: Path, budget: Budget) -> list[tuple[str, int, object]]:
+    """Run the loop with a trainer that appends a curve point at each target and an evaluator that records."""
+    calls: list[tuple[str, int, object]] = []
+
+    def evaluate(episodes: int, deterministic: bool) -> None:
+        done = run_dir_files.load_curve(run_dir)[-1]["env_steps"]
+        calls.append(("eval", int(done), (episodes, deterministic)))
+        run_dir_files.append_eval(
+            run_dir, {"env_steps": done, "episodes": episodes, "deterministic": deterministic, "mean": 1.0}
+        )
+
+    def train_to(last: dict[str, float], target: int) -> None:
+        calls.append(("train", target, int(last["env_steps"])))
+        run_dir_files.append_curve(run_dir, run_dir_files.zero_point() | {"env_steps": float(target)})
+
+    run_segments(run_dir, budget, evaluate, train_to)
+    return calls
+
+
+def test_each_segment_end_is_evaluated_with_argmax_then_sampled_actions(tmp_path):
+    budget = Budget.of_frames(800, 400, 4, eval_episodes=3, final_episodes=7, sampled_evals=True)
+    assert budget.policies == (True, False) and (budget.total_steps, budget.segment_steps) == (200, 100)
+    assert fake_run(tmp_path, budget) == [
+        ("train", 100, 0),
+        ("eval", 100, (3, True)),
+        ("eval", 100, (3, False)),
+        ("train", 200, 100),
+        ("eval", 200, (7, True)),  # the final evaluation plays final_episodes, both ways
+        ("eval", 200, (7, False)),
+    ]
+    assert fake_run(tmp_path, budget) == []  # all done: nothing again
+
+
+def test_a_point_evaluated_only_by_argmax_gets_its_sampled_evaluation_on_resume(tmp_path):
+    """A run evaluated before sampled evaluations existed (or killed between the two) resumes with the missing one."""
+    run_dir_files.append_curve(tmp_path, run_dir_files.zero_point() | {"env_steps": 100.0})
+    run_dir_files.append_eval(tmp_path, {"env_steps": 100.0, "episodes": 3, "deterministic": True, "mean": 1.0})
+    budget = Budget.of_frames(800, 400, 4, eval_episodes=3, final_episodes=7, sampled_evals=True)
+    assert fake_run(tmp_path, budget)[:2] == [("eval", 100, (3, False)), ("train", 200, 100)]
+    argmax_only = Budget.of_frames(400, 400, 4, eval_episodes=3, final_episodes=7)
+    assert argmax_only.policies == (True,)
+
+
+def result(evals: list[dict[str, object]]) -> dict[str, object]:
+    return {
+        "row": "cloud:h264",
+        "seed": 0,
+        "action_repeat": 4,
+        "frames": 800,
+        "wall_seconds": 60.0,
+        "wan_bytes": 1000.0,
+        "wan_bytes_per_frame": 1.25,
+        "train_return_last_20pct": 500.0,
+        "last_segment_shadow": None,
+        "curve": [],
+        "evals": evals,
+    }
+
+
+def scores(frames: int, deterministic: bool, mean: float, episodes: int = 20) -> dict[str, object]:
+    return {
+        "env_steps": frames // 4,
+        "frames": frames,
+        "episodes": episodes,
+        "deterministic": deterministic,
+        "mean": mean,
+        "iqm": mean + 1,
+        "std": 10.0,
+    }
+
+
+def test_the_report_puts_argmax_and_sampled_scores_side_by_side(tmp_path):
+    evals = [scores(400, True, 300.0), scores(400, False, 350.0), scores(800, True, -3.9, 100)]
+    evals.append(scores(800, False, 594.8, 100))
+    write_learning_report([result(evals)], tmp_path)
+    table = (tmp_path / "learning.md").read_text()
+    final = "| cloud:h264 | 0 | 800 | 1.0 | 1,000 | 1.2 | 500.0 | 100 | -3.9 | -2.9 | 10.0 | 594.8 | 595.8 | 10.0 |"
+    assert final in table
+    assert "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | 350.0 | 351.0 | 10.0 |" in table
+    assert (tmp_path / "learning.png").stat().st_size > 0
+    argmax_only = evaluation_table_lines([result([scores(400, True, 300.0)])])
+    assert argmax_only[-1] == "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | - | - | - |"
+    assert evaluation_table_lines([result([])]) == []
