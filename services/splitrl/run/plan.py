@@ -79,7 +79,7 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     """What service `name` takes from the run description itself, wherever it is placed: its shared groups,
     torch threads, and the fields computed from run fields (see DERIVED_FROM). `done_steps`: as in `plan`."""
     values = {**shared_values(run, SERVICE_SETTINGS[name]), "torch_threads": run.torch_threads}
-    replay_chunks = run.replay_max_size or 2 * run.chunks_per_update
+    replay_chunks = replay_size(run)
     if name == "replay":
         values["max_size"] = replay_chunks
         if run.train_every_step:
@@ -96,6 +96,11 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     return values
 
 
+def replay_size(run: RunSettings) -> int:
+    """Chunks each replay table holds: --replay-max-size, or two updates' worth."""
+    return run.replay_max_size or 2 * run.chunks_per_update
+
+
 def unsampled_chunks_bound(run: RunSettings) -> int:
     """--train-every-step: the chunks one replay shard holds that no update has taken, at most; an insert beyond
     them waits (a samples-per-insert rate limiter of 1 with this bound as its buffer).
@@ -105,7 +110,7 @@ def unsampled_chunks_bound(run: RunSettings) -> int:
     updates' worth, as this was first, let chunks wait a second update: a policy lag of ~3.5 in a CarRacing run.
     """
     per_shard = -(-run.chunks_per_update // run.replay_shards)
-    return max(2, min(per_shard, run.replay_max_size or 2 * run.chunks_per_update))
+    return max(2, min(per_shard, replay_size(run)))
 
 
 #: run_values' fields that are not copies of a run field of the same name: (service, field) -> run fields.
