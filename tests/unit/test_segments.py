@@ -70,8 +70,8 @@ def result(evals: list[dict[str, object]]) -> dict[str, object]:
 
 def scores(frames: int, deterministic: bool, mean: float, episodes: int = 20) -> dict[str, object]:
     return {
-        "env_steps": frames // 4,
-        "frames": frames,
+        "env_steps": frames / 4,  # curve points count steps as floats
+        "frames": frames * 1.0,
         "episodes": episodes,
         "deterministic": deterministic,
         "mean": mean,

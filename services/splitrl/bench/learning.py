@@ -170,7 +170,7 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
         "curve": curve,
         "evals": [
             {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
-            | {"frames": e["env_steps"] * repeat, "deterministic": e.get("deterministic", True)}
+            | {"frames": int(e["env_steps"] * repeat), "deterministic": e.get("deterministic", True)}
             for e in evals
             if e.get("env_steps") is not None
         ],

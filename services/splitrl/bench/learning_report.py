@@ -66,7 +66,8 @@ def evaluation_table_lines(results: list[dict[str, Any]]) -> list[str]:
     for (row, seed, frames), played in points.items():
         episodes = next(iter(played.values()))["episodes"]
         lines.append(
-            f"| {row} | {seed} | {frames:,} | {episodes} | {_scores(played.get(True))} | {_scores(played.get(False))} |"
+            f"| {row} | {seed} | {int(frames):,} | {episodes} | {_scores(played.get(True))} "
+            f"| {_scores(played.get(False))} |"
         )
     return lines
 
