@@ -39,7 +39,7 @@ def plot_learning(results: list[dict[str, Any]], out: Path) -> Path:
                 by_bytes.plot([wan_at(s) for s in steps], returns, color=colour, alpha=0.5, lw=1)
         marker = SEED_MARKERS[seeds.index(r["seed"]) % len(SEED_MARKERS)]
         for deterministic in (True, False):  # argmax filled, sampled hollow
-            evals = [e for e in r["evals"] if e.get("deterministic", True) == deterministic]
+            evals = [e for e in r["evals"] if e["deterministic"] == deterministic]
             if not evals:
                 continue
             means, stds = [e["mean"] for e in evals], [e["std"] for e in evals]

@@ -37,7 +37,7 @@ def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path
 
 
 def _last_eval(result: dict[str, Any], *, deterministic: bool) -> dict[str, Any] | None:
-    played = [e for e in result["evals"] if e.get("deterministic", True) == deterministic]
+    played = [e for e in result["evals"] if e["deterministic"] == deterministic]
     return played[-1] if played else None
 
 
@@ -53,7 +53,7 @@ def evaluation_table_lines(results: list[dict[str, Any]]) -> list[str]:
     points: dict[tuple[str, int, int], dict[bool, dict[str, Any]]] = {}
     for r in results:
         for e in r["evals"]:
-            points.setdefault((r["row"], r["seed"], e["frames"]), {})[e.get("deterministic", True)] = e
+            points.setdefault((r["row"], r["seed"], e["frames"]), {})[e["deterministic"]] = e
     if not points:
         return []
     lines = [
