@@ -95,6 +95,8 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
         assert summary["learner_updates"] >= 1
     if summary["learner_updates"]:
         assert {"losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"} <= set(scalars)
+        assert all(value == pytest.approx(0.01) for _, value in scalars["charts/entropy_coef"])  # the defaults
+        assert all(value == pytest.approx(2.5e-4) for _, value in scalars["charts/learning_rate"])
     assert max(step for step, _ in scalars["charts/learner_updates"]) <= 600
     assert all(-1.0 <= value <= 1.0 for _, value in scalars["charts/episodic_return"])
     curve = summary["curve"]

@@ -188,6 +188,30 @@ def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_lo
     assert loaded.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 128 / 256))
 
 
+def test_sb3s_entropy_bonus_anneals_as_splitrls_before_each_update():
+    """--entropy-anneal-steps: SB3 has no entropy schedule, so a callback sets ent_coef after each rollout."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from splitrl.bench.sb3_reference import _callbacks
+    from splitrl.run.settings import RunSettings
+
+    seen: list[float] = []
+
+    class TrainSpy(BaseCallback):  # runs after the anneal callback at each rollout's end, before train()
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:
+            seen.append(self.model.ent_coef)
+
+    run = RunSettings(entropy_coef=0.02, entropy_anneal_steps=256)
+    model = sb3.PPO("MlpPolicy", gym.make("CartPole-v1"), n_steps=64, batch_size=32, n_epochs=1, ent_coef=0.5)
+    model.learn(64 * 5, callback=[*_callbacks(run, TrainSpy()), TrainSpy()])
+    assert seen[1::2] == pytest.approx([0.02, 0.015, 0.01, 0.005, 0.0])  # the update after k updates of 64
+    assert _callbacks(RunSettings(), TrainSpy())[1:] == []  # constant: nothing added
+
+
 def test_sb3_reference_takes_the_recipes_ppo_settings():
     """Equal hyperparameters: the SB3 peer's clip, loss weights and gradient clip are the recipe's, not SB3's."""
     pytest.importorskip("stable_baselines3")

@@ -7,6 +7,7 @@ import torch
 
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.learner import trainer as trainer_module
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
 from tests.chunks import training_batch
@@ -68,6 +69,26 @@ def test_the_learning_rate_is_constant_unless_annealed_to_zero_over_the_given_st
     assert annealed.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4) == stats.learning_rate
     with pytest.raises(ValueError, match="lr_anneal_steps"):
         LearnerSettings(mode="cloud", tls="plaintext", lr_anneal_steps=0)
+
+
+def test_the_entropy_bonus_anneals_to_zero_and_the_update_uses_it(monkeypatch):
+    rows = CHUNKS * HORIZON
+    settings = LearnerSettings(mode="cloud", tls="plaintext", entropy_coef=0.02, entropy_anneal_steps=2 * rows)
+    annealed = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+    assert [annealed.entropy_coef_at(v, rows) for v in range(4)] == pytest.approx([0.02, 0.01, 0, 0])
+    assert annealed.learning_rate_at(3, rows) == settings.learning_rate  # each schedule has its own flag
+    weights: list[float] = []
+    real_loss = trainer_module.ppo_loss
+
+    def recording_loss(*args, **kwargs):
+        weights.append(kwargs["entropy_coef"])
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "ppo_loss", recording_loss)
+    stats = annealed.update(batch(frames()), version=1)
+    assert stats.entropy_coef == pytest.approx(0.01) and weights == pytest.approx([0.01] * stats.optimizer_steps)
+    with pytest.raises(ValueError, match="entropy_anneal_steps"):
+        LearnerSettings(mode="cloud", tls="plaintext", entropy_anneal_steps=0)
 
 
 class RecordingEdges:

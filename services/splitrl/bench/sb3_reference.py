@@ -10,8 +10,8 @@ What is the same as splitrl's cloud mode: the env (splitrl.core.envs.make_env:
 gray, resized, the fast action repeat), the frame stack, the network (Nature
 CNN, a 512-unit layer, linear actor and critic heads, orthogonal init), and the
 PPO recipe: rollout = unroll_length x chunks_per_update agent steps, the same
-minibatches, epochs, learning rate (and its linear anneal), gamma, GAE lambda, ratio clip, entropy and
-value weights, gradient-norm clip, per-minibatch advantage normalisation, Adam
+minibatches, epochs, learning rate (and its linear anneal), gamma, GAE lambda, ratio clip, entropy (and its
+anneal) and value weights, gradient-norm clip, per-minibatch advantage normalisation, Adam
 eps 1e-5, reward_scale (applied after SB3's Monitor, which records the
 unscaled returns), and with --env-workers envs stepped in other processes
 (SB3's SubprocVecEnv: a process per env). What differs: SB3 steps and trains in turn in one process
@@ -35,6 +35,7 @@ from splitrl.bench.baseline import BaselineResult, steady_span
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.core.envs import make_env
 from splitrl.core.spec import ActionSpec
+from splitrl.learner.algorithms import linear_anneal
 from splitrl.run import files as run_dir_files
 from splitrl.run.evaluate import evaluate_actor
 from splitrl.run.settings import EvalSettings, RunSettings
@@ -98,12 +99,40 @@ class AnnealedRate:
         self.model: Any = None
 
     def __call__(self, _progress_remaining: float) -> float:
-        model = self.model
-        done = 0 if model is None else max(0, int(model.num_timesteps) - model.n_steps * model.n_envs)
-        return self.learning_rate * max(0.0, 1.0 - done / self.anneal_steps)
+        steps_trained = 0 if self.model is None else _steps_trained(self.model)
+        return linear_anneal(self.learning_rate, steps_trained, self.anneal_steps)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"learning_rate": self.learning_rate, "anneal_steps": self.anneal_steps, "model": None}
+
+
+def _steps_trained(model: Any) -> int:
+    """Agent steps the updates before the coming one trained on: SB3 has collected the coming one's rollout."""
+    return max(0, int(model.num_timesteps) - model.n_steps * model.n_envs)
+
+
+def _entropy_anneal(run: RunSettings) -> Any:
+    """A callback setting SB3's `ent_coef` before each update as splitrl's `entropy_anneal_steps` does (SB3 has
+    no entropy schedule), or None when the recipe's entropy bonus is constant."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    if run.entropy_anneal_steps is None:
+        return None
+    anneal_steps = run.entropy_anneal_steps
+
+    class EntropyAnneal(BaseCallback):  # type: ignore[misc]
+        def _on_step(self) -> bool:
+            return True
+
+        def _on_rollout_end(self) -> None:  # after collecting, before train()
+            model: Any = self.model  # a PPO, which SB3 types as its base class
+            model.ent_coef = linear_anneal(run.entropy_coef, _steps_trained(model), anneal_steps)
+
+    return EntropyAnneal()
+
+
+def _callbacks(run: RunSettings, curve_logger: Any) -> list[Any]:
+    return [callback for callback in (curve_logger, _entropy_anneal(run)) if callback is not None]
 
 
 def _with_schedule(model: Any) -> Any:
@@ -219,7 +248,7 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
         model = _with_schedule(model or _new_model(run, venv, run.seed))
         print(f"  {ROW} seed {run.seed}: training to {target * run.action_repeat:,} frames", flush=True)
         curve_logger = _curve_callback(offset, every_steps=run.unroll_length * run.chunks_per_update)
-        model.learn(target - done, callback=curve_logger, reset_num_timesteps=False)
+        model.learn(target - done, callback=_callbacks(run, curve_logger), reset_num_timesteps=False)
         model_path.parent.mkdir(parents=True, exist_ok=True)
         model.save(model_path)
         for point in curve_logger.points:  # after the save, so a run killed mid-segment resumes consistently
@@ -239,7 +268,7 @@ def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
     try:
         model = _with_schedule(_new_model(run, venv, run.seed))
         curve_logger = _curve_callback(dict(ZERO_POINT), every_steps=run.num_envs)
-        model.learn(run.steps, callback=curve_logger)
+        model.learn(run.steps, callback=_callbacks(run, curve_logger))
     finally:
         venv.close()
     points = [(p["env_steps"], p["seconds"], p["updates"]) for p in curve_logger.points]

@@ -8,6 +8,7 @@ cumulative over a resumed run's segments. Scalars (CleanRL's names where one fit
 - charts/steps_per_second, charts/learner_updates;
 - losses/<term>: the learner's last update (policy_loss, value_loss, entropy, approx_kl, clip_fraction);
 - charts/policy_lag: mean versions between the learner and a sampled chunk's oldest action;
+- charts/learning_rate and charts/entropy_coef: the learner's last update's (CleanRL logs the first);
 - network/wan_bytes/<phase>: WAN bytes sent per phase (rollout, training, weights) in this segment, and
   network/wan_bytes_per_step: all of them per agent step so far.
 """
@@ -18,7 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
-from splitrl.core.metrics import LEARNER_LOSS, POLICY_LAG
+from splitrl.core.metrics import ENTROPY_COEF, LEARNER_LOSS, LEARNING_RATE, POLICY_LAG
+
+#: Gauges logged as they are, under charts/.
+CHARTED_GAUGES = {LEARNING_RATE: "charts/learning_rate", ENTROPY_COEF: "charts/entropy_coef"}
 
 
 class TensorBoardLog:
@@ -46,6 +50,8 @@ class TensorBoardLog:
         for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
             if name == LEARNER_LOSS:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
+            elif name in CHARTED_GAUGES and point["updates"] > offset["updates"]:  # set by this segment's learner
+                self.writer.add_scalar(CHARTED_GAUGES[name], value, step)
         _, lag_sum, lag_count = scrape.histogram(texts, POLICY_LAG)
         if lag_count:
             self.writer.add_scalar("charts/policy_lag", lag_sum / lag_count, step)

@@ -43,6 +43,7 @@ HOP_LATENCY = "splitrl_hop_latency_seconds"
 LEARNER_UPDATES = "splitrl_learner_updates"
 LEARNER_LOSS = "splitrl_learner_loss"
 LEARNING_RATE = "splitrl_learning_rate"
+ENTROPY_COEF = "splitrl_entropy_coef"
 POLICY_LAG = "splitrl_policy_lag"
 STREAMS_OPENED = "splitrl_streams_opened"
 #: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
@@ -259,6 +260,11 @@ class Metrics:
         )
         self.learning_rate = Gauge(
             LEARNING_RATE, "The learner's Adam learning rate in its last update (--lr-anneal-steps).", registry=registry
+        )
+        self.entropy_coef = Gauge(
+            ENTROPY_COEF,
+            "The entropy bonus's weight in the learner's last update (--entropy-anneal-steps).",
+            registry=registry,
         )
         self.policy_lag = Histogram(
             POLICY_LAG,

@@ -117,3 +117,11 @@ def ppo_loss(
         approx_kl = ((ratio - 1) - log_ratio).mean()
         clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
     return PPOLoss(total, policy.detach(), value.detach(), entropy_mean.detach(), approx_kl, clip_fraction)
+
+
+def linear_anneal(start: float, steps_trained: int, anneal_steps: int | None) -> float:
+    """`start` falling linearly to 0 at `anneal_steps` agent steps trained (and staying there); `start` when
+    `anneal_steps` is None. The learning rate and the entropy bonus follow it (CleanRL's anneal_lr)."""
+    if anneal_steps is None:
+        return start
+    return start * max(0.0, 1.0 - steps_trained / anneal_steps)

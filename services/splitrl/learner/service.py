@@ -242,14 +242,16 @@ class LearnerService(LoopService):
             checksum = f", weights checksum {summed!r}"
         self.metrics.policy_version.set(self.version)
         self.metrics.learning_rate.set(stats.learning_rate)
+        self.metrics.entropy_coef.set(stats.entropy_coef)
         for term, value in stats.losses.items():
             self.metrics.learner_loss.labels(term=term).set(value)
         losses = stats.losses
         log.info(
-            "update %d: %d steps, lr %.3g, policy %.3f value %.3f entropy %.3f kl %.4f%s",
+            "update %d: %d steps, lr %.3g, entropy coef %.3g, policy %.3f value %.3f entropy %.3f kl %.4f%s",
             self.version,
             stats.steps,
             stats.learning_rate,
+            stats.entropy_coef,
             losses.policy_loss,
             losses.value_loss,
             losses.entropy,

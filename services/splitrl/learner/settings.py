@@ -50,6 +50,13 @@ class PPOSettings(Settings):
     )
     clip: float = Field(0.2, gt=0, description="PPO ratio clip.")
     entropy_coef: float = Field(0.01, ge=0, description="Weight of the entropy bonus.")
+    entropy_anneal_steps: int | None = Field(
+        None,
+        ge=1,
+        description="The entropy bonus falls linearly from --entropy-coef to 0 over this many agent steps of "
+        "training, counted as --lr-anneal-steps counts them, so a policy that mixes actions it is indifferent "
+        "between (CarRacing's throttle) sharpens as the run ends. Unset: constant.",
+    )
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip.")
     correction: Literal["gae", "vtrace"] = Field(

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from splitrl.core.trajectory import TrajectoryTensors
-from splitrl.learner.algorithms import gae, ppo_loss, vtrace
+from splitrl.learner.algorithms import gae, linear_anneal, ppo_loss, vtrace
 from splitrl.learner.distributed import DataParallel
 from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION, LearnerSettings
 
@@ -135,6 +135,7 @@ class UpdateStats:
     chunk_priorities: list[float]  # mean |advantage| of each chunk, in batch order
     optimizer_steps: int  # steps taken; 0 when no minibatch had a row (split: no edge answered). Equal on all ranks
     learning_rate: float  # Adam's, in this update
+    entropy_coef: float  # the entropy bonus's weight in this update
 
 
 class Trainer:
@@ -168,7 +169,9 @@ class Trainer:
         s = self.settings
         advantages, returns, old_log_probs = self._advantages(batch)
         rows = Rows.of(batch, advantages, returns, old_log_probs)
-        learning_rate = self.learning_rate_at(version, steps_per_update=len(rows) * s.world_size)
+        steps_per_update = len(rows) * s.world_size
+        learning_rate = self.learning_rate_at(version, steps_per_update)
+        entropy_coef = self.entropy_coef_at(version, steps_per_update)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
         minibatch = max(1, len(rows) // s.minibatches)
@@ -178,7 +181,8 @@ class Trainer:
             train_encoder = s.encoder_epochs is None or epoch >= s.epochs - s.encoder_epochs
             order = torch.randperm(len(rows), generator=self.generator)
             for start in range(0, len(rows), minibatch):
-                trained, stepped = self._minibatch(rows, order[start : start + minibatch], train_encoder)
+                index = order[start : start + minibatch]
+                trained, stepped = self._minibatch(rows, index, entropy_coef, train_encoder)
                 if trained is not None:
                     terms.append(trained)
                 if stepped:
@@ -189,18 +193,23 @@ class Trainer:
             chunk_priorities=advantages.abs().mean(dim=1).tolist(),
             optimizer_steps=optimizer_steps,
             learning_rate=learning_rate,
+            entropy_coef=entropy_coef,
         )
 
     def learning_rate_at(self, version: int, steps_per_update: int) -> float:
         """Adam's learning rate for the update after `version` updates of `steps_per_update` agent steps:
         `learning_rate`, or with `lr_anneal_steps` the same falling linearly to 0 at that many steps."""
         s = self.settings
-        if s.lr_anneal_steps is None:
-            return s.learning_rate
-        return s.learning_rate * max(0.0, 1.0 - version * steps_per_update / s.lr_anneal_steps)
+        return linear_anneal(s.learning_rate, version * steps_per_update, s.lr_anneal_steps)
+
+    def entropy_coef_at(self, version: int, steps_per_update: int) -> float:
+        """The entropy bonus's weight in the update after `version` updates of `steps_per_update` agent steps:
+        `entropy_coef`, or with `entropy_anneal_steps` the same falling linearly to 0 at that many steps."""
+        s = self.settings
+        return linear_anneal(s.entropy_coef, version * steps_per_update, s.entropy_anneal_steps)
 
     def _minibatch(
-        self, update: Rows, index: torch.Tensor, train_encoder: bool = True
+        self, update: Rows, index: torch.Tensor, entropy_coef: float, train_encoder: bool = True
     ) -> tuple[LossTerms | None, bool]:
         """One optimizer step on rows `index` of `update`: (this rank's loss terms, or None if it had no row to
         train; whether the step was taken, which with data-parallel ranks is the same on every rank).
@@ -219,7 +228,7 @@ class Trainer:
             rows, inputs, leaf, ticket = self._fetch_fresh(update, index, rows, inputs)
         elif s.mode == "split-accumulate" and train_encoder:
             leaf = inputs = inputs.requires_grad_()  # a leaf: its .grad is what the edge's encoder needs
-        terms = self._backward(rows, inputs) if len(rows) else None
+        terms = self._backward(rows, inputs, entropy_coef) if len(rows) else None
         ranks_trained = int(terms is not None)  # the group's (learner.distributed), or this learner alone
         if self.parallel is not None:
             ranks_trained = self.parallel.average_gradients(list(self.network.parameters()), terms is not None)
@@ -230,8 +239,9 @@ class Trainer:
             self._send_encoder_gradients(rows, leaf, ticket, ranks_trained)
         return terms, ranks_trained > 0
 
-    def _backward(self, rows: Rows, inputs: torch.Tensor) -> LossTerms:
-        """PPO's loss on `rows` (the network reading `inputs`), backpropagated into fresh .grad fields."""
+    def _backward(self, rows: Rows, inputs: torch.Tensor, entropy_coef: float) -> LossTerms:
+        """PPO's loss on `rows` (the network reading `inputs`, the entropy bonus weighted `entropy_coef`),
+        backpropagated into fresh .grad fields."""
         s = self.settings
         advantages = (rows.advantages - rows.advantages.mean()) / (rows.advantages.std(unbiased=False) + 1e-8)
         distribution, new_values = self.network(inputs)
@@ -244,7 +254,7 @@ class Trainer:
             distribution.entropy(),
             clip=s.clip,
             value_coef=s.value_coef,
-            entropy_coef=s.entropy_coef,
+            entropy_coef=entropy_coef,
             sample_weights=None if s.importance_beta == 0 else rows.weights,
         )
         self.optimizer.zero_grad()
