@@ -47,10 +47,14 @@ class TensorBoardLog:
         if seconds > 0:
             self.writer.add_scalar("charts/steps_per_second", (step - previous["env_steps"]) / seconds, step)
         self.writer.add_scalar("charts/learner_updates", point["updates"], step)
+        charted: dict[str, float] = {}
         for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
             if name == LEARNER_LOSS:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
-            elif name in CHARTED_GAUGES and point["updates"] > offset["updates"]:  # set by this segment's learner
+            elif name in CHARTED_GAUGES:  # every service exports them at 0; only the learner sets them (>= 0)
+                charted[name] = max(value, charted.get(name, 0.0))
+        if point["updates"] > offset["updates"]:  # else this segment's learner has not set them yet
+            for name, value in charted.items():
                 self.writer.add_scalar(CHARTED_GAUGES[name], value, step)
         _, lag_sum, lag_count = scrape.histogram(texts, POLICY_LAG)
         if lag_count:
