@@ -58,7 +58,7 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert results[0]["frames"] == 1800 and len(results[0]["evals"]) == 6
 
 
-@pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
+@pytest.mark.timeout(900)  # two bench calls; ~100 s on an idle 2-core machine
 def test_the_stable_baselines3_reference_trains_beside_splitrl(tmp_path):
     result = bench(tmp_path, 1280, "--sb3-reference")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -72,3 +72,10 @@ def test_the_stable_baselines3_reference_trains_beside_splitrl(tmp_path):
     table = (tmp_path / "out" / "learning.md").read_text()
     assert "| sb3-ppo | 0 |" in table and "n/a (one process)" in table
     assert "| cloud:frame | 0 |" in table
+
+    alone = tmp_path / "alone"  # --rows '': the peer by itself, into an output of its own
+    alone.mkdir()
+    only = bench(alone, 600, "--sb3-reference", "--rows", "")
+    assert only.returncode == 0, only.stdout + only.stderr
+    assert [path.name for path in (alone / "out" / "runs").iterdir()] == ["sb3-ppo_seed0"]
+    assert "| sb3-ppo | 0 |" in (alone / "out" / "learning.md").read_text()

@@ -139,3 +139,9 @@ def test_a_run_with_a_video_shadow_reports_its_last_segment_beside_cloud_h264(tm
     assert lines[-1] == "| split:int4+zstd:w32 | 2 | 25,000 | 55.0 | 220.0 | 0.250 |"
     assert not any("cloud:h264" in line for line in lines)
     assert shadow_table_lines(rows[1:]) == []
+
+
+def test_no_learning_rows_trains_the_reference_peer_alone_or_is_refused():
+    assert LearningBenchSettings(rows="", sb3_reference=True).rows == []
+    with pytest.raises(ValueError, match="--rows needs at least one entry"):
+        LearningBenchSettings(rows="")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, get_args
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, SeedSettings, Settings
 from splitrl.core.spec import Bottleneck
@@ -216,11 +216,12 @@ class LearningBenchSettings(Settings):
         description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codecs, "
         "width, encoder epochs and fraction, and bottleneck.",
     )
-    rows: CommaList[Annotated[str, AfterValidator(_row_spec)]] = Field(
+    rows: Annotated[list[Annotated[str, AfterValidator(_row_spec)]], BeforeValidator(_split_commas)] = Field(
         ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
         description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK]: CODEC is cloud's "
         "observation codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS and "
-        "FRACTION the split modes' --encoder-epochs and --encoder-fraction; BOTTLENECK relu or layernorm.",
+        "FRACTION the split modes' --encoder-epochs and --encoder-fraction; BOTTLENECK relu or layernorm. Empty "
+        "('') with --sb3-reference: the reference peer alone.",
     )
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
     frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")
@@ -246,6 +247,12 @@ class LearningBenchSettings(Settings):
         description="Also train Stable-Baselines3 PPO on the same env, recipe and frames per seed (row sb3-ppo; "
         "needs the sb3 extra).",
     )
+
+    @model_validator(mode="after")
+    def _something_to_train(self) -> LearningBenchSettings:
+        if not self.rows and not self.sb3_reference:
+            raise ValueError("--rows needs at least one entry ('' only with --sb3-reference: the peer alone)")
+        return self
 
 
 class ReplicasBenchSettings(Settings):
