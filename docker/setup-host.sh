@@ -44,7 +44,7 @@ if ! docker compose version > /dev/null 2>&1; then
 fi
 docker compose version
 
-step "kubectl (kustomize) for tests/deploy/test_k8s.py"
+step "kubectl (kustomize) for tests/deploy/k8s/"
 command -v kubectl > /dev/null || { echo "kubectl is missing: it comes with this machine image" >&2; exit 1; }
 
 step "base image $BASE_IMAGE"

@@ -1,4 +1,4 @@
-"""A model of rendered Kubernetes manifests, for tests/deploy/test_k8s.py.
+"""A model of rendered Kubernetes manifests, for the tests in tests/deploy/k8s/.
 
 `Manifest` holds the objects `kubectl kustomize` printed; `PodTemplate` is one workload's pod.
 Beside them, two small evaluators that stand in for a cluster none of these machines can
