@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import gymnasium as gym
@@ -11,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from splitrl.bench.baseline import BaselineResult, run_sync_ppo, steady_span
 from splitrl.bench.link import LinkResult, tensor_message
 from splitrl.bench.settings import ThroughputBenchSettings
-from splitrl.bench.throughput import run_settings
+from splitrl.bench.throughput import read_stack, run_settings
 from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
 from splitrl.core import scrape, wire
 
@@ -243,3 +244,11 @@ def test_sb3_reference_takes_the_recipes_ppo_settings():
     assert (model.ent_coef, model.vf_coef, model.max_grad_norm) == (0.02, 0.25, 1.5)
     assert (model.n_steps, model.batch_size, model.n_epochs) == (16, 16, 3)
     assert (model.gamma, model.gae_lambda) == (0.97, 0.9)
+
+
+def test_a_stack_run_too_brief_to_time_says_to_raise_steps(tmp_path):
+    """800 Catch steps end within the curve's first second: one live point, no rate, and a message, not a trace."""
+    curve = [{"env_steps": 800, "seconds": 0.9, "updates": 1}, {"env_steps": 800, "updates": 1}]  # the last: final
+    (tmp_path / "summary.json").write_text(json.dumps({"curve": curve}))
+    with pytest.raises(RuntimeError, match=r"stack cloud ran too briefly to time .*raise --steps"):
+        read_stack("cloud", tmp_path, warmup_fraction=0.15)

@@ -114,7 +114,10 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     """A StackResult from a finished run directory: summary.json's live curve and the final /metrics."""
     summary = json.loads((run_dir / "summary.json").read_text())
     live = [(p["env_steps"], p["seconds"], p["updates"]) for p in summary["curve"][:-1] if "seconds" in p]
-    first, last = steady_span(live, warmup_fraction)
+    try:
+        first, last = steady_span(live, warmup_fraction)
+    except ValueError as error:  # the curve takes a point a second: a run shorter than that has no rate
+        raise RuntimeError(f"stack {mode} ran too briefly to time ({error}): raise --steps") from error
     texts = {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
     every = list(texts.values())
     hops = {}
