@@ -215,6 +215,12 @@ ROWS: list[tuple[str, list[Panel]]] = [
                 description="The learner's rate in its last update: constant, or falling to 0 with --lr-anneal-steps.",
             ),
             graph(
+                "Entropy bonus weight",
+                query("max(splitrl_entropy_coef)", "entropy coefficient"),
+                description="The learner's entropy weight in its last update: constant, or falling to 0 with "
+                "--entropy-anneal-steps.",
+            ),
+            graph(
                 "Encoder version and lag (split modes)",
                 query("max(splitrl_encoder_version)", "edge encoder version"),
                 query(f"histogram_quantile(0.95, sum by (le) (rate(splitrl_encoder_lag_bucket{RATE})))", "lag p95"),

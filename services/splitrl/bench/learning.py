@@ -107,7 +107,8 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
         return 2
     rows = [Row(spec) for spec in settings.rows]
     print(
-        f"learning bench: {len(rows)} rows x {len(settings.seeds)} seeds, {settings.frames:,} frames each "
+        f"learning bench: {len(rows)} rows{' + sb3-ppo' if settings.sb3_reference else ''} x "
+        f"{len(settings.seeds)} seeds, {settings.frames:,} frames each "
         f"(action repeat {repeat}), recipe {settings.config}"
     )
     #: (row label, seed, run dir, how to train it, whether it has WAN links): splitrl's rows, then the SB3 peer.

@@ -89,10 +89,9 @@ def rollout_steps(run: RunSettings) -> int:
 
 class AnnealedRate:
     """SB3's learning-rate schedule for splitrl's `lr_anneal_steps`: `learning_rate` falling linearly to 0 at
-    that many agent steps, counted by the model's own `num_timesteps` (SB3's progress argument covers one
-    learn() call, a segment; a loaded model goes on down the same line). SB3 asks for the rate after
-    collecting a rollout, so the steps before it are num_timesteps less that rollout: update k gets the rate
-    of splitrl's update after k updates. `model` is set once the model exists, and is not pickled with it."""
+    that many agent steps, counted from the model's own `num_timesteps` by `_steps_trained` (SB3's progress
+    argument covers one learn() call, a segment; a loaded model goes on down the same line). `model` is set
+    once the model exists, and is not pickled with it."""
 
     def __init__(self, learning_rate: float, anneal_steps: int) -> None:
         self.learning_rate, self.anneal_steps = learning_rate, anneal_steps
@@ -107,17 +106,19 @@ class AnnealedRate:
 
 
 def _steps_trained(model: Any) -> int:
-    """Agent steps the updates before the coming one trained on: SB3 has collected the coming one's rollout."""
+    """Agent steps the updates before the coming one trained on. SB3 asks for its rate (and the entropy
+    callback runs) after collecting the coming update's rollout, so that is num_timesteps less one rollout:
+    SB3's update k gets splitrl's value for the update after k updates."""
     return max(0, int(model.num_timesteps) - model.n_steps * model.n_envs)
 
 
 def _entropy_anneal(run: RunSettings) -> Any:
     """A callback setting SB3's `ent_coef` before each update as splitrl's `entropy_anneal_steps` does (SB3 has
     no entropy schedule), or None when the recipe's entropy bonus is constant."""
-    from stable_baselines3.common.callbacks import BaseCallback
-
     if run.entropy_anneal_steps is None:
         return None
+    from stable_baselines3.common.callbacks import BaseCallback
+
     anneal_steps = run.entropy_anneal_steps
 
     class EntropyAnneal(BaseCallback):  # type: ignore[misc]
@@ -246,6 +247,7 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
         venv = _vector_env(run, run.seed + done)  # a resumed run plays tracks it has not played yet
         model = sb3.PPO.load(model_path, env=venv, device="cpu") if model_path.exists() else None
         model = _with_schedule(model or _new_model(run, venv, run.seed))
+        model.ent_coef = run.entropy_coef  # the recipe's, not what a loaded model pickled (an anneal lowers it)
         print(f"  {ROW} seed {run.seed}: training to {target * run.action_repeat:,} frames", flush=True)
         curve_logger = _curve_callback(offset, every_steps=run.unroll_length * run.chunks_per_update)
         model.learn(target - done, callback=_callbacks(run, curve_logger), reset_num_timesteps=False)

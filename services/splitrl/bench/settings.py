@@ -33,6 +33,8 @@ def _not_empty(value: list[Any]) -> list[Any]:
 
 #: A list given as "a,b,c" on the command line (or as a list); at least one entry.
 CommaList = Annotated[list[T], BeforeValidator(_split_commas), AfterValidator(_not_empty)]
+#: The same, where "" (no entry) means something.
+CommaListOrEmpty = Annotated[list[T], BeforeValidator(_split_commas)]
 
 
 class NetworkBenchSettings(EnvSettings, Settings):
@@ -216,7 +218,7 @@ class LearningBenchSettings(Settings):
         description="Recipe every row starts from (a `splitrl up --config` file); rows override mode, codecs, "
         "width, encoder epochs and fraction, and bottleneck.",
     )
-    rows: Annotated[list[Annotated[str, AfterValidator(_row_spec)]], BeforeValidator(_split_commas)] = Field(
+    rows: CommaListOrEmpty[Annotated[str, AfterValidator(_row_spec)]] = Field(
         ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
         description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK]: CODEC is cloud's "
         "observation codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS and "

@@ -116,7 +116,7 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     live = [(p["env_steps"], p["seconds"], p["updates"]) for p in summary["curve"][:-1] if "seconds" in p]
     try:
         first, last = steady_span(live, warmup_fraction)
-    except ValueError as error:  # the curve takes a point a second: a run shorter than that has no rate
+    except ValueError as error:  # the curve takes a point every progress_interval_s: a shorter run has no rate
         raise RuntimeError(f"stack {mode} ran too briefly to time ({error}): raise --steps") from error
     texts = {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
     every = list(texts.values())

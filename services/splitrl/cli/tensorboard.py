@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
-from splitrl.core.metrics import ENTROPY_COEF, LEARNER_LOSS, LEARNING_RATE, POLICY_LAG
+from splitrl.core.metrics import ENTROPY_COEF, LEARNER_LOSS, LEARNER_UPDATES, LEARNING_RATE, POLICY_LAG
 
 #: Gauges logged as they are, under charts/.
 CHARTED_GAUGES = {LEARNING_RATE: "charts/learning_rate", ENTROPY_COEF: "charts/entropy_coef"}
@@ -53,7 +53,8 @@ class TensorBoardLog:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
             elif name in CHARTED_GAUGES:  # every service exports them at 0; only the learner sets them (>= 0)
                 charted[name] = max(value, charted.get(name, 0.0))
-        if point["updates"] > offset["updates"]:  # else this segment's learner has not set them yet
+        # Only once the live learner has updated: before, it exports 0 (a fresh or restarted process).
+        if scrape.total(live_texts, f"{LEARNER_UPDATES}_total") > 0:
             for name, value in charted.items():
                 self.writer.add_scalar(CHARTED_GAUGES[name], value, step)
         _, lag_sum, lag_count = scrape.histogram(texts, POLICY_LAG)

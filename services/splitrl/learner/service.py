@@ -232,8 +232,6 @@ class LearnerService(LoopService):
                 connected = await loop.run_in_executor(self._executor, self.parallel.rank_0_says, connected)
 
     def _record(self, stats: UpdateStats) -> None:
-        if self.settings.rank == 0:  # one update of the group, however many ranks took part
-            self.metrics.learner_updates.inc()
         checksum = ""
         if self.parallel is not None:
             summed = weights_checksum(self.trainer.network)
@@ -245,6 +243,9 @@ class LearnerService(LoopService):
         self.metrics.entropy_coef.set(stats.entropy_coef)
         for term, value in stats.losses.items():
             self.metrics.learner_loss.labels(term=term).set(value)
+        # Counted last: a scrape that sees this update counted sees its gauges (TensorBoard charts them then).
+        if self.settings.rank == 0:  # one update of the group, however many ranks took part
+            self.metrics.learner_updates.inc()
         losses = stats.losses
         log.info(
             "update %d: %d steps, lr %.3g, entropy coef %.3g, policy %.3f value %.3f entropy %.3f kl %.4f%s",

@@ -165,7 +165,8 @@ class Trainer:
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
-        starts from), which sets the learning rate (`learning_rate_at`)."""
+        starts from), which sets the learning rate and the entropy bonus's weight (`learning_rate_at`,
+        `entropy_coef_at`)."""
         s = self.settings
         advantages, returns, old_log_probs = self._advantages(batch)
         rows = Rows.of(batch, advantages, returns, old_log_probs)
