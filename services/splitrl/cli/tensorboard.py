@@ -48,13 +48,16 @@ class TensorBoardLog:
             self.writer.add_scalar("charts/steps_per_second", (step - previous["env_steps"]) / seconds, step)
         self.writer.add_scalar("charts/learner_updates", point["updates"], step)
         charted: dict[str, float] = {}
+        live_updates = 0.0
         for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
             if name == LEARNER_LOSS:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
             elif name in CHARTED_GAUGES:  # every service exports them at 0; only the learner sets them (>= 0)
                 charted[name] = max(value, charted.get(name, 0.0))
+            elif name == f"{LEARNER_UPDATES}_total":
+                live_updates += value
         # Only once the live learner has updated: before, it exports 0 (a fresh or restarted process).
-        if scrape.total(live_texts, f"{LEARNER_UPDATES}_total") > 0:
+        if live_updates > 0:
             for name, value in charted.items():
                 self.writer.add_scalar(CHARTED_GAUGES[name], value, step)
         _, lag_sum, lag_count = scrape.histogram(texts, POLICY_LAG)
