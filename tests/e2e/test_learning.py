@@ -2,30 +2,31 @@
 
 Catch's random policy scores about -0.67 (the paddle covers 2 of 12 columns).
 Measured on a 2-core machine with these settings (seed 0, 4 envs, 36 x 36
-frames, width 256; mean return of the last 4k steps; process timing varies, so
-onsets shift by a few thousand steps from run to run):
-  cloud             leaves random play at ~17-20k steps; +0.65 and +0.78 at 30k / 36k;
-  split             leaves it at ~17-20k; +0.9 and +0.95 at 30k / 36k;
-  split-accumulate  leaves it at ~24-40k (its encoder sees a quarter of the rows, through
-                    stale activations); +0.45 and +0.85 at 56k in two runs, +0.91 and +0.82 over the last
-                    8k of 72k in two more, but one run scored only -0.05 over the last 4k of 56k and one CI
-                    run -0.72 over the last 4k of 72k: the onset has a long tail. A fresh encoder's features
-                    barely depend on Catch's mostly black frames (over 400 frames each feature varies by
-                    ~5% of its mean magnitude), so the head has nothing to act on until the edge's encoder,
-                    trained through the pipeline, pulls them apart. The test runs 100k (two runs at 100k: onsets
-                    ~32-36k, +0.77 and +0.94 over the last 4k).
+frames, width 256; mean return per 4k steps; process timing varies, so onsets
+shift by a few thousand steps from run to run), since hidden layers start
+orthogonal with zero biases (core.models; one run each unless it says more):
+  cloud             leaves random play at ~8-12k steps; +0.63 at 16-20k, +0.88 over the last 4k of 36k;
+  split             leaves it at ~8-12k; +0.56 at 12-16k, +0.96 over the last 4k of 36k;
+  split-accumulate  leaves it at ~8-12k (two runs); +0.78 and +0.83 by 36k, +0.98 and +0.61 over the last 4k
+                    of 100k.
+With torch's default init (before the thirteenth session) a fresh encoder's features barely followed Catch's
+mostly black frames (each varied by ~5% of its mean magnitude over 400 frames), so the head had nothing to act
+on until the encoder trained: cloud and split left random play at ~17-20k, split-accumulate at 24-40k with a
+long tail (a CI run scored -0.72 over the last 4k of 72k, another -0.13 over the last 4k of 100k).
 And the narrow, cheap codecs of the bytes frontier:
-  cloud --codec h264 (crf 23)                         +0.89 over the last 4k of 36k steps;
-  split-accumulate --width 32, int4 both ways         leaves random play at ~50-56k steps; +0.52 over 72-80k and
-                                                      +0.80 over the last 4k of 84k (one run, 214 s);
+  cloud --codec h264 (crf 23)                         leaves random play at ~8-12k; +0.92 over the last 4k of 36k;
+  split-accumulate --width 32, int4 both ways         leaves it at ~12-16k; +0.5 to +0.7 per 4k from 20k on,
+                                                      +0.58 over the last 4k of 84k (172 s);
   split --width 32 --bottleneck layernorm, int4 both ways, --encoder-epochs 1 (the encoder trains in the last
-                                                      epoch only): leaves random play at ~12-16k steps; +0.75 over
-                                                      28-32k, +0.89 over 40-44k (one run, 113 s for 60k).
+                                                      epoch only): leaves it at ~4-8k; +0.91 over the last 4k
+                                                      of 40k (83 s).
 And scaled out (issue 19):
   split-accumulate with --learners 2 --inference-replicas 2 --env-groups 2 (the ranks' encoder gradients relayed
                                                       through rank 0, one encoder step per minibatch): leaves
-                                                      random play at ~25-30k; +0.89 to +0.96 per 10k from 70k on
-                                                      (one run, 140 s for 100k; 195 updates, 3,120 encoder steps).
+                                                      random play at ~12-16k in two runs; one held +0.71 to
+                                                      +0.97 per 4k from 64k on (327 s), the other peaked at
+                                                      +0.82 at 44-48k, then its policy's entropy fell to ~0.05
+                                                      nats and it held +0.2 to +0.46 per 4k to 100k (277 s).
 Each test runs past that onset: the first WINDOW_STEPS env steps must score near
 random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
 what was measured).
