@@ -80,16 +80,18 @@ def test_a_fresh_encoders_features_follow_its_input_on_dark_frames(seed):
     assert float(features.std(dim=0).mean() / features.abs().mean()) > 0.5
 
 
-def test_hidden_layers_start_orthogonal_with_zero_biases_and_the_actor_small():
+def test_every_layer_starts_orthogonal_with_zero_biases_at_its_gain():
     network = ActorCritic(ModelConfig(frame_stack=4, frame_size=96, width=256), ActionSpec("discrete", 5))
-    hidden = [*network.encoder.net.modules(), *network.head.trunk.modules()]
-    for layer in [m for m in hidden if isinstance(m, nn.Conv2d | nn.Linear)]:
+    modules = [*network.encoder.net.modules(), *network.head.trunk.modules()]
+    hidden = [m for m in modules if isinstance(m, nn.Conv2d | nn.Linear)]
+    assert len(hidden) == 5  # 3 convolutions, the bottleneck, the trunk
+    gains = [(layer, 2**0.5) for layer in hidden] + [(network.head.actor, 0.01), (network.head.critic, 1.0)]
+    for layer, gain in gains:
         weight = layer.weight.detach().flatten(1)
         rows, columns = weight.shape
         gram = weight @ weight.T if rows <= columns else weight.T @ weight
-        assert torch.allclose(gram, 2 * torch.eye(min(rows, columns)), atol=1e-4), layer
-        assert not layer.bias.any()
-    assert float(network.head.actor.weight.detach().abs().max()) < 0.05
+        assert torch.allclose(gram, gain**2 * torch.eye(min(rows, columns)), atol=1e-4), layer
+        assert layer.bias is not None and not layer.bias.any(), layer
 
 
 def test_discrete_head_returns_a_categorical_and_values():

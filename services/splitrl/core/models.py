@@ -4,11 +4,14 @@ The encoder is the Nature-DQN CNN. On 4 x 96 x 96 stacks its flattened output
 is 64 x 8 x 8 = 4,096 numbers, exactly the research's activation width; any
 other width adds a linear bottleneck after the convolutions.
 
-Hidden layers (convolutions, bottleneck, the head's trunk) start orthogonal with
-gain sqrt(2) and zero biases, the PPO initialisation of CleanRL and SB3: with
-torch's defaults the biases dominate on mostly dark frames (on Catch, each
-feature varied over 400 frames by ~5% of its mean magnitude; orthogonal: ~110%),
-so the head had nothing to act on until the encoder had trained.
+Every layer starts orthogonal with zero biases, the PPO initialisation of
+CleanRL and SB3: gain sqrt(2) for the hidden layers (convolutions, bottleneck,
+the head's trunk), 0.01 for the actor (near-uniform first actions), 1 for the
+critic. With torch's defaults the biases dominated on mostly dark frames (on
+Catch, each feature varied over 200 frames by ~5% of its mean magnitude;
+orthogonal: ~110%), so the head had nothing to act on until the encoder had
+trained. Weights depend only on torch's seed: every process that seeds alike
+(edge, inference, learner ranks) builds the same ones.
 """
 
 from __future__ import annotations
@@ -26,11 +29,16 @@ if TYPE_CHECKING:
     from splitrl.core.config import Mode
 
 
-def init_relu_layers(module: nn.Module) -> None:
-    """Every Conv2d and Linear inside `module`: orthogonal weights with ReLU's gain sqrt(2), zero biases."""
+#: The gain of layers followed by a ReLU (and of the layernorm bottleneck's linear layer, whose scale LayerNorm
+#: removes anyway).
+HIDDEN_GAIN = math.sqrt(2)
+
+
+def init_layers(module: nn.Module, gain: float) -> None:
+    """Every Conv2d and Linear inside `module` (itself included): orthogonal weights times `gain`, zero biases."""
     for layer in module.modules():
         if isinstance(layer, nn.Conv2d | nn.Linear):
-            nn.init.orthogonal_(layer.weight, gain=math.sqrt(2))
+            nn.init.orthogonal_(layer.weight, gain=gain)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
 
@@ -53,7 +61,8 @@ def _conv_stack(frame_stack: int) -> nn.Sequential:
 
 
 class Encoder(nn.Module):
-    """uint8 frame stacks [B, frame_stack, S, S] -> activations float32 [B, width] (see Bottleneck)."""
+    """uint8 frame stacks [B, frame_stack, S, S] -> activations float32 [B, width] (see Bottleneck). Starts with
+    every layer orthogonal (gain sqrt(2)) and zero biases."""
 
     def __init__(
         self, frame_stack: int = 4, frame_size: int = 96, width: int = 4096, bottleneck: Bottleneck = "relu"
@@ -70,7 +79,7 @@ class Encoder(nn.Module):
         if bottleneck == "layernorm":
             layers.append(nn.LayerNorm(width, elementwise_affine=False))
         self.net = nn.Sequential(*layers)
-        init_relu_layers(self.net)
+        init_layers(self.net, HIDDEN_GAIN)
         self.width = width
         self.input_shape = (frame_stack, frame_size, frame_size)
 
@@ -79,20 +88,19 @@ class Encoder(nn.Module):
 
 
 class ActorCriticHead(nn.Module):
-    """Activations [B, width] -> (action distribution, value [B])."""
+    """Activations [B, width] -> (action distribution, value [B]). Starts orthogonal with zero biases: trunk gain
+    sqrt(2), actor 0.01, critic 1."""
 
     def __init__(self, width: int, action_spec: ActionSpec, hidden: int = 512) -> None:
         super().__init__()
         self.action_spec = action_spec
         self.width = width
         self.trunk = nn.Sequential(nn.Linear(width, hidden), nn.ReLU())
-        init_relu_layers(self.trunk)
+        init_layers(self.trunk, HIDDEN_GAIN)
         self.actor = nn.Linear(hidden, action_spec.size)
         self.critic = nn.Linear(hidden, 1)
-        nn.init.orthogonal_(self.actor.weight, gain=0.01)
-        nn.init.zeros_(self.actor.bias)
-        nn.init.orthogonal_(self.critic.weight, gain=1.0)
-        nn.init.zeros_(self.critic.bias)
+        init_layers(self.actor, 0.01)
+        init_layers(self.critic, 1.0)
         if action_spec.kind == "continuous":
             self.log_std = nn.Parameter(torch.full((action_spec.size,), -0.5))
 
