@@ -8,6 +8,7 @@ from torch import nn
 from torch.distributions import Categorical, Independent, Normal
 
 from splitrl.core.envs import CATCH_ID, make_env
+from splitrl.core.framestack import FrameStacker
 from splitrl.core.models import ActorCritic, ActorCriticHead, Encoder
 from splitrl.core.spec import ActionSpec, ModelConfig
 
@@ -55,18 +56,16 @@ def test_encoder_scales_uint8_to_unit_range():
 
 
 def catch_stacks(steps: int) -> torch.Tensor:
-    """uint8 [steps, 4, 36, 36]: Catch played at random, each step's newest 4 frames (mostly black)."""
+    """uint8 [steps, 4, 36, 36]: Catch played by a fixed action cycle, stacked as the edge stacks (mostly black)."""
     env = make_env(CATCH_ID, {}, frame_size=36, action_repeat=1)
+    stacker = FrameStacker(1, 4, 36, 36)
     observation, _ = env.reset(seed=0)
-    frames = [torch.as_tensor(observation)] * 4
-    stacks = []
+    stacks, episode_start = [], True
     for step in range(steps):
+        stacks.append(stacker.push(torch.as_tensor(observation)[None], torch.tensor([episode_start]))[0])
         observation, _, terminated, truncated, _ = env.step(step % 3)
-        frames = [*frames[1:], torch.as_tensor(observation)]
-        stacks.append(torch.stack(frames))
-        if terminated or truncated:
+        if episode_start := terminated or truncated:
             observation, _ = env.reset()
-            frames = [torch.as_tensor(observation)] * 4
     return torch.stack(stacks)
 
 
