@@ -62,11 +62,17 @@ class RecordingEdges:
             self.messages.append(("fetch", step_ids.tolist(), None))
         return activations, present, step_ids[present].tolist()
 
-    def return_gradients(self, ticket: list[int], gradients: torch.Tensor) -> None:
+    def return_gradients(self, ticket: list[int], gradients: torch.Tensor, learning_rate_scale: float) -> None:
         if ticket:
             self.messages.append(("return", ticket, gradients.clone()))
 
-    def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
+    def push_gradients(
+        self,
+        step_ids: torch.Tensor,
+        encoder_versions: torch.Tensor,
+        gradients: torch.Tensor,
+        learning_rate_scale: float,
+    ) -> None:
         if len(step_ids):
             self.messages.append(("push", step_ids.tolist(), gradients.clone()))
 
@@ -86,13 +92,13 @@ class RecordingRelay(EdgeRelay):
         self._asked = step_ids.tolist()
         return activations, present, ticket
 
-    def return_gradients(self, ticket, gradients):
+    def return_gradients(self, ticket, gradients, learning_rate_scale):
         self.handed.append((self._asked, gradients.clone()))
-        super().return_gradients(ticket, gradients)
+        super().return_gradients(ticket, gradients, learning_rate_scale)
 
-    def push_gradients(self, step_ids, encoder_versions, gradients):
+    def push_gradients(self, step_ids, encoder_versions, gradients, learning_rate_scale):
         self.handed.append((step_ids.tolist(), gradients.clone()))
-        super().push_gradients(step_ids, encoder_versions, gradients)
+        super().push_gradients(step_ids, encoder_versions, gradients, learning_rate_scale)
 
 
 def rank_main(rank: int, endpoint: str, mode: str, fraction: float) -> tuple[Any, ...]:

@@ -98,3 +98,28 @@ async def test_no_rows_send_nothing_and_one_deadline_covers_every_silent_edge(mo
             for edge in edges:
                 await edge.leave()
             await learner.stop()
+
+
+async def test_gradients_carry_the_learning_rate_scale_only_below_1():
+    """The edge steps its encoder at the learner's schedule: a scale below 1 crosses the link; at 1 the field
+    stays unset (the edge's default), so a run without a schedule sends no byte for it."""
+    learner = await start(LearnerService, SETTINGS)
+    links = learner.service.edges
+    assert links is not None
+    async with rpc.insecure_channel(address(learner)) as channel:
+        edge = SilentEdge(channel, 1)
+        try:
+            await connected(links, 1)
+            ids, versions = torch.tensor([first_id(1)]), torch.zeros(1, dtype=torch.long)
+            for scale in (0.5, 1.0):
+                await asyncio.to_thread(links.push_gradients, ids, versions, torch.ones(1, SETTINGS.width), scale)
+            for _ in range(100):
+                if len(edge.received) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            halved, whole = (message.gradients for message in edge.received)
+            assert halved.HasField("learning_rate_scale") and halved.learning_rate_scale == 0.5
+            assert not whole.HasField("learning_rate_scale")
+        finally:
+            await edge.leave()
+            await learner.stop()

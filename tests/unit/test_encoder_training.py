@@ -148,6 +148,45 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
     assert metrics.encoder_updates._value.get() == 1
 
 
+def accumulate_gradients(learning_rate_scale: float | None) -> training_pb2.EncoderGradients:
+    message = training_pb2.EncoderGradients(
+        request_id=5,
+        steps=pack_step_ids([1, 2]),
+        gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+    )
+    if learning_rate_scale is not None:
+        message.learning_rate_scale = learning_rate_scale
+    return message
+
+
+def encoder_step(learning_rate_scale: float | None) -> torch.Tensor:
+    """The change in the encoder's parameters (flattened) from one accumulate step at `learning_rate_scale`."""
+    trainer, _ = make_trainer()
+    trainer.store.put([1, 2], as_rows(stacks(2)))
+    before = torch.cat([p.detach().flatten() for p in trainer.encoder.parameters()])
+    trainer.apply(accumulate_gradients(learning_rate_scale))
+    assert trainer.version == 1
+    return torch.cat([p.detach().flatten() for p in trainer.encoder.parameters()]) - before
+
+
+def test_the_encoder_steps_at_the_learners_share_of_its_learning_rate():
+    """Adam's first step moves each parameter by about lr (its update is m / sqrt(v) = +-1), so the step at a
+    quarter of the rate is a quarter of the step at the whole rate; unset means the whole rate."""
+    whole, unset = encoder_step(1.0), encoder_step(None)
+    assert whole.abs().max() > 0 and torch.equal(whole, unset)
+    assert torch.allclose(encoder_step(0.25), whole / 4, atol=1e-7)
+    assert torch.equal(encoder_step(0.0), torch.zeros_like(whole))  # annealed to 0: the encoder stands still
+
+
+@pytest.mark.parametrize("scale", [-0.5, 1.5, float("nan"), float("inf")])
+def test_a_learning_rate_scale_outside_0_1_is_refused_with_the_value(scale):
+    trainer, _ = make_trainer()
+    trainer.store.put([1, 2], as_rows(stacks(2)))
+    with pytest.raises(BadRequest, match="learning_rate_scale must be in \\[0, 1\\], got"):
+        trainer.apply(accumulate_gradients(scale))
+    assert trainer.version == 0 and trainer.optimizer.param_groups[0]["lr"] == 1e-3
+
+
 def train_once(rows_per_pass: int, accumulate: bool) -> tuple[EncoderTrainer, torch.Tensor, list[tuple[int, bool]]]:
     """One split (or split-accumulate) step over 5 stored rows; returns the trainer, the activations it sent (split)
     and each encoder forward pass as (rows, with a graph)."""

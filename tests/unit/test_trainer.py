@@ -95,16 +95,18 @@ def test_the_entropy_bonus_anneals_to_zero_and_the_update_uses_it(monkeypatch):
 class RecordingEdges:
     def __init__(self) -> None:
         self.pushed: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.learning_rate_scales: list[float] = []
 
     def fetch_activations(self, step_ids):  # pragma: no cover - split mode only
         raise AssertionError("split-accumulate trains on stored activations")
 
-    def return_gradients(self, ticket, gradients):  # pragma: no cover - split mode only
+    def return_gradients(self, ticket, gradients, learning_rate_scale):  # pragma: no cover - split mode only
         raise AssertionError("split-accumulate pushes, it does not return")
 
-    def push_gradients(self, step_ids, encoder_versions, gradients):
+    def push_gradients(self, step_ids, encoder_versions, gradients, learning_rate_scale):
         if len(step_ids):  # as EdgeLinks: no row, no message
             self.pushed.append((step_ids, gradients))
+            self.learning_rate_scales.append(learning_rate_scale)
 
 
 def test_split_accumulate_pushes_gradients_of_a_share_of_rows_by_step_id():
@@ -134,6 +136,28 @@ def test_split_accumulate_sends_gradients_down_only_in_its_last_encoder_epochs()
     assert stats.optimizer_steps == 6 and len(edges.pushed) == 2  # one push per minibatch of the last epoch
     pushed_ids = torch.cat([ids for ids, _ in edges.pushed]).tolist()
     assert sorted(pushed_ids) == sorted(set(pushed_ids)) and len(pushed_ids) == CHUNKS * HORIZON
+
+
+@pytest.mark.parametrize(("version", "scale"), [(0, 1.0), (1, 0.75), (3, 0.25), (5, 0.0)])
+def test_the_edges_encoder_anneals_with_the_head(version, scale):
+    """With lr_anneal_steps every gradient pushed down carries the update's rate over the initial one, so the
+    edge's encoder follows the same schedule as the head (to 0 at the last annealed step)."""
+    rows = CHUNKS * HORIZON
+    settings = LearnerSettings(
+        mode="split-accumulate",
+        tls="plaintext",
+        epochs=1,
+        minibatches=2,
+        encoder_fraction=1.0,
+        lr_anneal_steps=4 * rows,
+    )
+    edges = RecordingEdges()
+    activations = torch.randn(CHUNKS, HORIZON + 1, WIDTH).to(torch.bfloat16)
+    stats = Trainer(cloud_network("split-accumulate", MODEL, SPEC), settings, edges).update(
+        batch(activations), version=version
+    )
+    assert edges.learning_rate_scales == pytest.approx([scale, scale])
+    assert stats.learning_rate == pytest.approx(settings.learning_rate * scale)
 
 
 class TwoRanksTraining:
@@ -175,12 +199,12 @@ class FreshEdges:
             self.fetched.append(step_ids)
         return torch.full((len(step_ids), WIDTH), 7.0), torch.ones(len(step_ids), dtype=torch.bool), len(step_ids)
 
-    def return_gradients(self, ticket, gradients):
-        assert ticket == len(gradients)
+    def return_gradients(self, ticket, gradients, learning_rate_scale):
+        assert ticket == len(gradients) and learning_rate_scale == 1.0  # no schedule in these tests
         if ticket:
             self.returned.append(gradients)
 
-    def push_gradients(self, step_ids, encoder_versions, gradients):  # pragma: no cover - accumulate only
+    def push_gradients(self, step_ids, encoder_versions, gradients, learning_rate_scale):  # pragma: no cover
         raise AssertionError("split mode returns gradients, it does not push")
 
 

@@ -20,7 +20,12 @@ from splitrl.core.config import (
 class EncoderTrainingSettings(Settings):
     """How the edge's encoder learns from the gradients the learner sends down (split modes); a run's group."""
 
-    encoder_learning_rate: float = Field(2.5e-4, gt=0, description="Adam learning rate of the edge encoder.")
+    encoder_learning_rate: float = Field(
+        2.5e-4,
+        gt=0,
+        description="Adam learning rate of the edge encoder, before the learner's schedule: with "
+        "--lr-anneal-steps each gradient the learner sends down carries the share of it to step at.",
+    )
     encoder_max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip of the edge encoder.")
     encoder_rows_per_pass: int = Field(
         0,

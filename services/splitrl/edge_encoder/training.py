@@ -85,6 +85,16 @@ class ObservationStore:
         return found, stack_rows([self._rows[step_ids[i]] for i in found])
 
 
+def learning_rate_scale_of(message: training_pb2.EncoderGradients) -> float:
+    """The share of the encoder's learning rate `message` asks for: 1 when unset; BadRequest outside [0, 1]."""
+    if not message.HasField("learning_rate_scale"):
+        return 1.0
+    scale = message.learning_rate_scale
+    if not 0.0 <= scale <= 1.0:  # NaN fails both comparisons
+        raise BadRequest(f"EncoderGradients.learning_rate_scale must be in [0, 1], got {scale}")
+    return scale
+
+
 class EncoderTrainer:
     """Applies the learner's activation gradients to the edge's encoder; `version` counts optimizer steps."""
 
@@ -115,6 +125,7 @@ class EncoderTrainer:
         self.store = store
         self.metrics = metrics
         self.max_grad_norm = max_grad_norm
+        self.learning_rate = learning_rate  # before the learner's schedule (EncoderGradients.learning_rate_scale)
         self.optimizer = torch.optim.Adam(encoder.parameters(), lr=learning_rate, eps=1e-5)
         self.version = 0
         self.rows_per_pass = rows_per_pass
@@ -175,7 +186,9 @@ class EncoderTrainer:
         )
 
     def apply(self, message: training_pb2.EncoderGradients) -> training_pb2.GradientsApplied:
-        """Backpropagate the gradients through the encoder and take one optimizer step."""
+        """Backpropagate the gradients through the encoder and take one optimizer step, at the learning rate
+        times the message's `learning_rate_scale` (the learner's schedule)."""
+        learning_rate = self.learning_rate * learning_rate_scale_of(message)
         gradients = wire.decode_float(message.gradients)  # any float codec; NaN / Inf refused
         if gradients.dim() != 2 or gradients.shape[1] != self.encoder.width:
             raise BadRequest(f"EncoderGradients.gradients has shape {list(gradients.shape)}; expected [n, width]")
@@ -197,6 +210,8 @@ class EncoderTrainer:
             self.optimizer.zero_grad()
             self._backpropagate(pending, gradients.float())
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
+            for group in self.optimizer.param_groups:
+                group["lr"] = learning_rate
             self.optimizer.step()
             self._pending.clear()  # made with the old weights: backpropagating them now would be wrong
             release_free_memory()  # the step's inputs, activations and gradients (backward freed them; glibc keeps)

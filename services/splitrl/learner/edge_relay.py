@@ -57,18 +57,25 @@ class EdgeRelay:
         activations, present = mine[0]
         return activations, present, ticket
 
-    def return_gradients(self, ticket: Any, gradients: torch.Tensor) -> None:
-        """Split: this rank's gradient rows [n, width] for its fetched rows; rank 0 returns the group's."""
+    def return_gradients(self, ticket: Any, gradients: torch.Tensor, learning_rate_scale: float) -> None:
+        """Split: this rank's gradient rows [n, width] for its fetched rows; rank 0 returns the group's (every
+        rank is at the same update, so rank 0's `learning_rate_scale` is the group's)."""
         parts = self._gather_to_rank_0(gradients)
         if self.edges is not None:
-            self.edges.return_gradients(ticket, torch.cat(parts))
+            self.edges.return_gradients(ticket, torch.cat(parts), learning_rate_scale)
 
-    def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
+    def push_gradients(
+        self,
+        step_ids: torch.Tensor,
+        encoder_versions: torch.Tensor,
+        gradients: torch.Tensor,
+        learning_rate_scale: float,
+    ) -> None:
         """Split-accumulate: this rank's chosen rows; rank 0 pushes the group's, one message per edge."""
         parts = self._gather_to_rank_0((step_ids, encoder_versions, gradients))
         if self.edges is not None:
             ids, versions, rows = (torch.cat(column) for column in zip(*parts, strict=True))
-            self.edges.push_gradients(ids, versions, rows)
+            self.edges.push_gradients(ids, versions, rows, learning_rate_scale)
 
     def _gather_to_rank_0(self, value: Any) -> list[Any]:
         """Every rank's `value` in rank order on rank 0; an empty list elsewhere."""

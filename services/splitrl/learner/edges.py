@@ -26,7 +26,7 @@ from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Busy
 from splitrl.core.step_ids import MAX_PREFIX, pack_step_ids, prefix_of
 from splitrl.learner.settings import EDGE_REPLY_TIMEOUT_S
-from splitrl.v1 import training_pb2, training_pb2_grpc
+from splitrl.v1 import tensor_pb2, training_pb2, training_pb2_grpc
 
 log = logging.getLogger(__name__)
 #: Split-accumulate gradients waiting to be written to one edge before the trainer blocks (backpressure).
@@ -225,22 +225,28 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 ticket.parts.append((prefix, request_id_of(requests[prefix]), answered))
         return activations, present, ticket
 
-    def return_gradients(self, ticket: Ticket, gradients: torch.Tensor) -> None:
-        """Split: send d(loss)/d(activations) [n, width] for the ticket's rows down; wait until applied."""
+    def return_gradients(self, ticket: Ticket, gradients: torch.Tensor, learning_rate_scale: float = 1.0) -> None:
+        """Split: send d(loss)/d(activations) [n, width] for the ticket's rows down; wait until applied. The
+        edges step at `learning_rate_scale` times their encoder learning rate."""
         self._call(
             {
-                prefix: training_pb2.LearnerMessage(
-                    gradients=training_pb2.EncoderGradients(
-                        request_id=request_id, gradients=wire.encode_float(gradients[positions], self.gradient_codec)
-                    )
+                prefix: self._gradients(
+                    request_id, wire.encode_float(gradients[positions], self.gradient_codec), learning_rate_scale
                 )
                 for prefix, request_id, positions in ticket.parts
             },
             wait=True,
         )
 
-    def push_gradients(self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor) -> None:
-        """Split-accumulate: send gradients of stored activations down without waiting for the edge.
+    def push_gradients(
+        self,
+        step_ids: torch.Tensor,
+        encoder_versions: torch.Tensor,
+        gradients: torch.Tensor,
+        learning_rate_scale: float = 1.0,
+    ) -> None:
+        """Split-accumulate: send gradients of stored activations down without waiting for the edge, to step at
+        `learning_rate_scale` times its encoder learning rate.
 
         Rows more than `max_encoder_lag` encoder versions behind their edge are dropped (and counted):
         their gradient was taken at an activation the edge's encoder no longer produces.
@@ -259,14 +265,27 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 self.metrics.stale_activations_dropped.inc(len(positions) - len(fresh))
             if len(fresh) == 0:
                 continue
-            pushes[prefix] = training_pb2.LearnerMessage(
-                gradients=training_pb2.EncoderGradients(
-                    request_id=next(self._request_ids),
-                    steps=pack_step_ids(step_ids[fresh].tolist()),
-                    gradients=wire.encode_float(gradients[fresh], self.gradient_codec),
-                )
+            pushes[prefix] = self._gradients(
+                next(self._request_ids),
+                wire.encode_float(gradients[fresh], self.gradient_codec),
+                learning_rate_scale,
+                steps=pack_step_ids(step_ids[fresh].tolist()),
             )
         self._call(pushes, wait=False)
+
+    @staticmethod
+    def _gradients(
+        request_id: int,
+        gradients: tensor_pb2.Tensor,
+        learning_rate_scale: float,
+        steps: training_pb2.StepIds | None = None,
+    ) -> training_pb2.LearnerMessage:
+        """An EncoderGradients message; the scale is left unset at 1 (the edge's default), which saves its bytes
+        in every run without a learning-rate schedule."""
+        message = training_pb2.EncoderGradients(request_id=request_id, gradients=gradients, steps=steps)
+        if learning_rate_scale != 1.0:
+            message.learning_rate_scale = learning_rate_scale
+        return training_pb2.LearnerMessage(gradients=message)
 
     def _by_prefix(self, step_ids: torch.Tensor) -> dict[int, torch.Tensor]:
         """Positions of `step_ids` per issuing edge's prefix, in ascending id order (so they pack small)."""

@@ -38,7 +38,8 @@ class PPOSettings(Settings):
         "training (updates x unroll_length x chunks_per_update, counted by the policy version, so a resumed run "
         "goes on down the same line), as CleanRL's anneal_lr. Steps trained, not env steps taken: set to the "
         "run's --steps, the rate ends above 0 when the learner trains on fewer steps than the envs take (cloud "
-        "mode's ~512 of 620). Unset: constant. The split modes' edge encoder keeps its own constant rate.",
+        "mode's ~512 of 620). Unset: constant. The split modes' edge encoders follow the same line from their "
+        "--encoder-learning-rate (each gradient sent down carries the share).",
     )
     gamma: float = Field(0.99, ge=0, le=1, description="Discount factor.")
     gae_lambda: float = Field(0.95, ge=0, le=1, description="GAE lambda (also V-trace's lambda).")

@@ -28,10 +28,14 @@ class EdgeTraining(Protocol):
 
     def fetch_activations(self, step_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]: ...
 
-    def return_gradients(self, ticket: Any, gradients: torch.Tensor) -> None: ...
+    def return_gradients(self, ticket: Any, gradients: torch.Tensor, learning_rate_scale: float) -> None: ...
 
     def push_gradients(
-        self, step_ids: torch.Tensor, encoder_versions: torch.Tensor, gradients: torch.Tensor
+        self,
+        step_ids: torch.Tensor,
+        encoder_versions: torch.Tensor,
+        gradients: torch.Tensor,
+        learning_rate_scale: float,
     ) -> None: ...
 
 
@@ -162,6 +166,9 @@ class Trainer:
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
+        #: This update's learning rate over `learning_rate`: the edges' encoders step at their own rate times
+        #: it, so with `lr_anneal_steps` the whole network anneals together.
+        self.encoder_learning_rate_scale = 1.0
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
@@ -175,6 +182,7 @@ class Trainer:
         entropy_coef = self.entropy_coef_at(version, steps_per_update)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
+        self.encoder_learning_rate_scale = learning_rate / s.learning_rate
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
         optimizer_steps = 0
@@ -273,11 +281,12 @@ class Trainer:
         assert self.edges is not None
         gradient = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         gradient = gradient / max(ranks_trained, 1)
+        scale = self.encoder_learning_rate_scale
         if self.settings.mode == "split":
-            self.edges.return_gradients(ticket, gradient)
+            self.edges.return_gradients(ticket, gradient, scale)
             return
         chosen = self._draw_encoder_rows(len(rows))
-        self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], gradient[chosen])
+        self.edges.push_gradients(rows.step_ids[chosen], rows.encoder_versions[chosen], gradient[chosen], scale)
 
     def _fetch_fresh(
         self, update: Rows, index: torch.Tensor, rows: Rows, inputs: torch.Tensor

@@ -66,14 +66,16 @@ class Activations(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., activations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., missing_step_ids: _Optional[_Iterable[int]] = ..., encoder_version: _Optional[int] = ...) -> None: ...
 
 class EncoderGradients(_message.Message):
-    __slots__ = ("request_id", "gradients", "steps")
+    __slots__ = ("request_id", "gradients", "steps", "learning_rate_scale")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     GRADIENTS_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    LEARNING_RATE_SCALE_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     gradients: _tensor_pb2.Tensor
     steps: StepIds
-    def __init__(self, request_id: _Optional[int] = ..., gradients: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., steps: _Optional[_Union[StepIds, _Mapping]] = ...) -> None: ...
+    learning_rate_scale: float
+    def __init__(self, request_id: _Optional[int] = ..., gradients: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., steps: _Optional[_Union[StepIds, _Mapping]] = ..., learning_rate_scale: _Optional[float] = ...) -> None: ...
 
 class GradientsApplied(_message.Message):
     __slots__ = ("request_id", "encoder_version", "unknown_step_ids")
