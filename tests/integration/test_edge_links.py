@@ -80,8 +80,8 @@ async def test_no_rows_send_nothing_and_one_deadline_covers_every_silent_edge(mo
             await connected(links, 2)
             none = torch.zeros(0, dtype=torch.long)
             fetched, present, ticket = await asyncio.to_thread(links.fetch_activations, none)
-            await asyncio.to_thread(links.return_gradients, ticket, torch.zeros(0, SETTINGS.width))
-            await asyncio.to_thread(links.push_gradients, none, none, torch.zeros(0, SETTINGS.width))
+            await asyncio.to_thread(links.return_gradients, ticket, torch.zeros(0, SETTINGS.width), 1.0)
+            await asyncio.to_thread(links.push_gradients, none, none, torch.zeros(0, SETTINGS.width), 1.0)
             assert fetched.shape == (0, SETTINGS.width) and len(present) == 0 and ticket.parts == []
             await asyncio.sleep(0.2)  # anything sent would have arrived by now
             assert [edge.received for edge in edges] == [[], []] and no_edge_rows(links) == 0

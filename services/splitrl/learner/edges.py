@@ -225,12 +225,12 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 ticket.parts.append((prefix, request_id_of(requests[prefix]), answered))
         return activations, present, ticket
 
-    def return_gradients(self, ticket: Ticket, gradients: torch.Tensor, learning_rate_scale: float = 1.0) -> None:
+    def return_gradients(self, ticket: Ticket, gradients: torch.Tensor, learning_rate_scale: float) -> None:
         """Split: send d(loss)/d(activations) [n, width] for the ticket's rows down; wait until applied. The
         edges step at `learning_rate_scale` times their encoder learning rate."""
         self._call(
             {
-                prefix: self._gradients(
+                prefix: self._gradients_message(
                     request_id, wire.encode_float(gradients[positions], self.gradient_codec), learning_rate_scale
                 )
                 for prefix, request_id, positions in ticket.parts
@@ -243,7 +243,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         step_ids: torch.Tensor,
         encoder_versions: torch.Tensor,
         gradients: torch.Tensor,
-        learning_rate_scale: float = 1.0,
+        learning_rate_scale: float,
     ) -> None:
         """Split-accumulate: send gradients of stored activations down without waiting for the edge, to step at
         `learning_rate_scale` times its encoder learning rate.
@@ -265,7 +265,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
                 self.metrics.stale_activations_dropped.inc(len(positions) - len(fresh))
             if len(fresh) == 0:
                 continue
-            pushes[prefix] = self._gradients(
+            pushes[prefix] = self._gradients_message(
                 next(self._request_ids),
                 wire.encode_float(gradients[fresh], self.gradient_codec),
                 learning_rate_scale,
@@ -274,7 +274,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self._call(pushes, wait=False)
 
     @staticmethod
-    def _gradients(
+    def _gradients_message(
         request_id: int,
         gradients: tensor_pb2.Tensor,
         learning_rate_scale: float,

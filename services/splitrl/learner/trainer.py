@@ -166,9 +166,6 @@ class Trainer:
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
-        #: This update's learning rate over `learning_rate`: the edges' encoders step at their own rate times
-        #: it, so with `lr_anneal_steps` the whole network anneals together.
-        self.encoder_learning_rate_scale = 1.0
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
@@ -182,7 +179,6 @@ class Trainer:
         entropy_coef = self.entropy_coef_at(version, steps_per_update)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
-        self.encoder_learning_rate_scale = learning_rate / s.learning_rate
         minibatch = max(1, len(rows) // s.minibatches)
         terms: list[LossTerms] = []
         optimizer_steps = 0
@@ -281,7 +277,8 @@ class Trainer:
         assert self.edges is not None
         gradient = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
         gradient = gradient / max(ranks_trained, 1)
-        scale = self.encoder_learning_rate_scale
+        # The edges' encoders step at their own rate times this update's share, so the network anneals together.
+        scale = self.optimizer.param_groups[0]["lr"] / self.settings.learning_rate
         if self.settings.mode == "split":
             self.edges.return_gradients(ticket, gradient, scale)
             return
