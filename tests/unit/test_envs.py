@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -72,3 +76,51 @@ def test_envs_without_a_known_canvas_are_not_wrapped():
         assert "ReleaseCanvas" not in str(env)
     finally:
         env.close()
+
+
+#: Run in a fresh interpreter (pygame's modules load once per process): CarRacing's frames, rewards and ends
+#: over two seeds' first steps, hashed, and what became of pygame's optional modules.
+_PYGAME_PROBE = """
+import hashlib, json, sys
+import numpy as np
+from splitrl.core.envs import make_env, skip_unused_pygame_modules
+skipped = skip_unused_pygame_modules() if sys.argv[1] == "skip" else None
+env = make_env("CarRacing-v3", {"continuous": False}, 96, 4)
+digest = hashlib.sha256()
+for seed in (0, 1):
+    digest.update(env.reset(seed=seed)[0].tobytes())
+    for action in np.random.default_rng(seed).integers(0, 5, 40):
+        frame, reward, terminated, truncated, _ = env.step(action)
+        digest.update(frame.tobytes() + repr((float(reward), terminated, truncated)).encode())
+env.close()
+import pygame
+try:
+    import pygame.mixer
+    refused = None
+except ImportError as error:
+    refused = str(error)
+print(json.dumps({
+    "skipped": skipped, "again": skip_unused_pygame_modules(), "frames": digest.hexdigest(), "refused": refused,
+    "mixer": type(pygame.mixer).__name__, "imageext": "pygame.imageext" in sys.modules,
+    "font": type(pygame.font).__name__,
+}))
+"""
+
+
+def _probe_pygame(argument: str) -> dict[str, object]:
+    result = subprocess.run(
+        [sys.executable, "-c", _PYGAME_PROBE, argument], capture_output=True, text=True, timeout=120, check=True
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_skipping_pygames_sound_and_image_modules_changes_no_carracing_step():
+    """An env-stepping process without pygame's mixer and image-file modules draws the same frames and gets
+    the same rewards and ends; the modules are pygame's MissingModule stand-ins, and importing one says why."""
+    skipped, plain = _probe_pygame("skip"), _probe_pygame("plain")
+    assert skipped["frames"] == plain["frames"]
+    assert skipped["skipped"] is True and skipped["again"] is True
+    assert skipped["mixer"] == "MissingModule" and skipped["imageext"] is False and skipped["font"] == "module"
+    assert "UNUSED_PYGAME_MODULES" in str(skipped["refused"])
+    assert plain["mixer"] == "module" and plain["refused"] is None
+    assert plain["again"] is False  # pygame was already loaded, with its modules: nothing to skip

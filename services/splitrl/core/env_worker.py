@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import gymnasium as gym
 import numpy as np
 
-from splitrl.core.envs import make_vector_env
+from splitrl.core.envs import make_vector_env, skip_unused_pygame_modules
 
 #: (frames, rewards, terminated, truncated, info) of one vector step, as gymnasium returns it.
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
@@ -54,6 +54,7 @@ def group_envs(
     env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, action_repeat: int, worker: bool
 ) -> GroupEnvs:
     """One group's `num_envs` envs, stepped in a worker process if `worker`, else in this one."""
+    skip_unused_pygame_modules()
     if worker:
         return WorkerVectorEnv(env_id, env_kwargs, num_envs, frame_size, action_repeat)
     return LocalVectorEnv(make_vector_env(env_id, env_kwargs, num_envs, frame_size, action_repeat))
@@ -195,6 +196,7 @@ def _serve(
 ) -> None:
     """The worker's loop: build the envs, send their action space, then answer commands until close or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service shuts it down
+    skip_unused_pygame_modules()
     try:
         envs = make_vector_env(env_id, env_kwargs, num_envs, frame_size, repeat)
     except Exception as error:

@@ -10,6 +10,10 @@ the fast pixel env as `splitrl/Catch-v0`.
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Sequence
 from functools import lru_cache, partial
 from typing import Any, SupportsFloat
 
@@ -88,6 +92,40 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
         result = self.env.step(action)
         setattr(self.env.unwrapped, self.attribute, None)
         return result
+
+
+#: pygame modules an edge process that steps envs never uses: sound (the mixer links SDL_mixer with FluidSynth,
+#: FLAC, Vorbis, Opus and mpg123) and image files other than BMP (SDL_image with libtiff, libpng, libjpeg, libwebp).
+#: pygame is built to run without them (its __init__ puts a MissingModule in their place, which raises
+#: NotImplementedError naming the module if used). Not importing them keeps 2.4 MB of those libraries out of the
+#: environment process (issue 18's <= 100 MB edge); drawing (surfaces, gfxdraw, transform) and the font
+#: CarRacing writes its score with are untouched.
+UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", "pygame.imageext")
+
+
+class _RefuseModules(importlib.abc.MetaPathFinder):
+    """An import hook that refuses the named modules with an ImportError that says why."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname in self.names:
+            raise ImportError(f"{fullname} is not loaded in splitrl's env-stepping processes (UNUSED_PYGAME_MODULES)")
+        return None
+
+
+def skip_unused_pygame_modules() -> bool:
+    """Refuse UNUSED_PYGAME_MODULES in this process from now on: for processes that only step envs (the
+    environment service and its env workers), called before the first env is made. True when they are refused
+    (now or by an earlier call); False, and nothing done, where pygame was imported without them being refused
+    (its modules are loaded; refusing them now would change nothing)."""
+    if any(isinstance(finder, _RefuseModules) for finder in sys.meta_path):
+        return True
+    if "pygame" in sys.modules:
+        return False
+    sys.meta_path.insert(0, _RefuseModules(UNUSED_PYGAME_MODULES))
+    return True
 
 
 def releasable_canvas_of(env: gym.Env[Any, Any]) -> str | None:
