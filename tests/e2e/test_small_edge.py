@@ -1,7 +1,8 @@
 """A small edge: the environment service process never loads torch (issue 18's resident-memory target is
 measured by `splitrl bench throughput`; this pins the cause). Replay, which only stores and hands out
 chunks, does without it too, so it restarts without torch's import. In the split modes neither the edge
-encoder nor inference loads FFmpeg (PyAV), which only cloud's h264 codec uses."""
+encoder nor inference loads FFmpeg (PyAV), which only cloud's h264 codec uses. The environment's envs draw
+with pygame but load neither its sound nor its image-file libraries (core.envs.UNUSED_PYGAME_MODULES)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,14 @@ def _flags(service: str) -> list[str]:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("service", "library"),
-    [("environment", "libtorch"), ("replay", "libtorch"), ("edge-encoder", "libavcodec"), ("inference", "libavcodec")],
+    [
+        ("environment", "libtorch"),
+        ("environment", "libSDL2_mixer"),
+        ("environment", "libSDL2_image"),
+        ("replay", "libtorch"),
+        ("edge-encoder", "libavcodec"),
+        ("inference", "libavcodec"),
+    ],
 )
 def test_the_service_serves_without_a_library_it_does_not_need(tmp_path: Path, service: str, library: str) -> None:
     port_file = tmp_path / f"{service}.ports.json"
