@@ -13,6 +13,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import types
 from collections.abc import Sequence
 from functools import lru_cache, partial
 from typing import Any, SupportsFloat
@@ -109,7 +110,10 @@ class _RefuseModules(importlib.abc.MetaPathFinder):
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        """Refuse a named module; None (ask the next finder) for any other."""
         if fullname in self.names:
             raise ImportError(f"{fullname} is not loaded in splitrl's env-stepping processes (UNUSED_PYGAME_MODULES)")
         return None
