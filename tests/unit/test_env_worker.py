@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -69,6 +70,18 @@ def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends(w
     local = group_envs(FAST_ENV, {}, 1, 36, 1, worker=False)
     assert local.usage() == (0.0, 0.0)
     local.close()
+
+
+def test_a_carracing_worker_draws_with_pygame_but_loads_neither_its_sound_nor_its_image_libraries() -> None:
+    """The worker's process refuses envs.UNUSED_PYGAME_MODULES before it builds its envs (issue 18's small edge)."""
+    worker = WorkerVectorEnv("CarRacing-v3", {"continuous": False}, 1, 96, 4)
+    try:
+        worker.reset(seed=0)
+        maps = Path(f"/proc/{worker._process.pid}/maps").read_text()
+    finally:
+        worker.close()
+    assert "libSDL2-2" in maps, "the worker never loaded pygame: the check below would prove nothing"
+    assert "libSDL2_mixer" not in maps and "libSDL2_image" not in maps
 
 
 def test_a_worker_that_cannot_build_its_envs_says_why() -> None:

@@ -84,7 +84,8 @@ _PYGAME_PROBE = """
 import hashlib, json, sys
 import numpy as np
 from splitrl.core.envs import make_env, skip_unused_pygame_modules
-skipped = skip_unused_pygame_modules() if sys.argv[1] == "skip" else None
+other = skip_unused_pygame_modules("splitrl/Catch-v0")  # not a listed env: nothing refused
+skipped = skip_unused_pygame_modules("CarRacing-v3") if sys.argv[1] == "skip" else None
 env = make_env("CarRacing-v3", {"continuous": False}, 96, 4)
 digest = hashlib.sha256()
 for seed in (0, 1):
@@ -100,7 +101,8 @@ try:
 except ImportError as error:
     refused = str(error)
 print(json.dumps({
-    "skipped": skipped, "again": skip_unused_pygame_modules(), "frames": digest.hexdigest(), "refused": refused,
+    "other": other, "skipped": skipped, "again": skip_unused_pygame_modules("CarRacing-v3"),
+    "frames": digest.hexdigest(), "refused": refused,
     "mixer": type(pygame.mixer).__name__, "imageext": "pygame.imageext" in sys.modules,
     "font": type(pygame.font).__name__,
 }))
@@ -109,8 +111,9 @@ print(json.dumps({
 
 def _probe_pygame(argument: str) -> dict[str, object]:
     result = subprocess.run(
-        [sys.executable, "-c", _PYGAME_PROBE, argument], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-c", _PYGAME_PROBE, argument], capture_output=True, text=True, timeout=120
     )
+    assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -119,8 +122,8 @@ def test_skipping_pygames_sound_and_image_modules_changes_no_carracing_step():
     the same rewards and ends; the modules are pygame's MissingModule stand-ins, and importing one says why."""
     skipped, plain = _probe_pygame("skip"), _probe_pygame("plain")
     assert skipped["frames"] == plain["frames"]
-    assert skipped["skipped"] is True and skipped["again"] is True
+    assert skipped["other"] is False and skipped["skipped"] is True and skipped["again"] is True
     assert skipped["mixer"] == "MissingModule" and skipped["imageext"] is False and skipped["font"] == "module"
     assert "UNUSED_PYGAME_MODULES" in str(skipped["refused"])
-    assert plain["mixer"] == "module" and plain["refused"] is None
+    assert plain["other"] is False and plain["mixer"] == "module" and plain["refused"] is None
     assert plain["again"] is False  # pygame was already loaded, with its modules: nothing to skip

@@ -54,7 +54,6 @@ def group_envs(
     env_id: str, env_kwargs: dict[str, Any], num_envs: int, frame_size: int, action_repeat: int, worker: bool
 ) -> GroupEnvs:
     """One group's `num_envs` envs, stepped in a worker process if `worker`, else in this one."""
-    skip_unused_pygame_modules()
     if worker:
         return WorkerVectorEnv(env_id, env_kwargs, num_envs, frame_size, action_repeat)
     return LocalVectorEnv(make_vector_env(env_id, env_kwargs, num_envs, frame_size, action_repeat))
@@ -196,7 +195,7 @@ def _serve(
 ) -> None:
     """The worker's loop: build the envs, send their action space, then answer commands until close or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the service shuts it down
-    skip_unused_pygame_modules()
+    skip_unused_pygame_modules(env_id)  # the worker's process steps only these envs
     try:
         envs = make_vector_env(env_id, env_kwargs, num_envs, frame_size, repeat)
     except Exception as error:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import logging
 import sys
 import types
 from collections.abc import Sequence
@@ -26,6 +27,8 @@ from splitrl.core.action_repeat import ActionRepeat, env_class_key
 from splitrl.core.fast_draw import install_fast_draw
 from splitrl.core.memory import reuse_freed_blocks
 from splitrl.core.spec import ActionSpec
+
+log = logging.getLogger(__name__)
 
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
@@ -95,17 +98,20 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
         return result
 
 
-#: pygame modules an edge process that steps envs never uses: sound (the mixer links SDL_mixer with FluidSynth,
-#: FLAC, Vorbis, Opus and mpg123) and image files other than BMP (SDL_image with libtiff, libpng, libjpeg, libwebp).
-#: pygame is built to run without them (its __init__ puts a MissingModule in their place, which raises
-#: NotImplementedError naming the module if used). Not importing them keeps 2.4 MB of those libraries out of the
-#: environment process (issue 18's <= 100 MB edge); drawing (surfaces, gfxdraw, transform) and the font
-#: CarRacing writes its score with are untouched.
+#: pygame modules that the envs in PYGAME_EXTRAS_UNUSED_BY never use: sound (the mixer links SDL_mixer with
+#: FluidSynth, FLAC, Vorbis, Opus and mpg123) and image files other than BMP (SDL_image with libtiff, libpng,
+#: libjpeg and libwebp). pygame is built to run without them: its __init__ catches the ImportError, puts a
+#: MissingModule in the mixer's place (it raises NotImplementedError naming the module when used; sndarray goes
+#: with it) and leaves pygame.image to BMP files. Not loading them keeps 2.4 MiB of resident memory out of an
+#: environment process with 8 CarRacing envs (issue 18's <= 100 MB edge).
 UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", "pygame.imageext")
+#: Entry points of the envs checked to draw without UNUSED_PYGAME_MODULES: CarRacing uses surfaces, gfxdraw,
+#: transform, surfarray and a font (its score), no sound and no image files. Other envs keep all of pygame.
+PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset({"gymnasium.envs.box2d.car_racing:CarRacing"})
 
 
 class _RefuseModules(importlib.abc.MetaPathFinder):
-    """An import hook that refuses the named modules with an ImportError that says why."""
+    """An import hook that refuses the named modules as not found, with a message that says why."""
 
     def __init__(self, names: Sequence[str]) -> None:
         self.names = frozenset(names)
@@ -115,18 +121,28 @@ class _RefuseModules(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         """Refuse a named module; None (ask the next finder) for any other."""
         if fullname in self.names:
-            raise ImportError(f"{fullname} is not loaded in splitrl's env-stepping processes (UNUSED_PYGAME_MODULES)")
+            message = f"{fullname} is not loaded in splitrl's env-stepping processes (envs.UNUSED_PYGAME_MODULES)"
+            raise ModuleNotFoundError(message, name=fullname)
         return None
 
 
-def skip_unused_pygame_modules() -> bool:
-    """Refuse UNUSED_PYGAME_MODULES in this process from now on: for processes that only step envs (the
-    environment service and its env workers), called before the first env is made. True when they are refused
-    (now or by an earlier call); False, and nothing done, where pygame was imported without them being refused
-    (its modules are loaded; refusing them now would change nothing)."""
+def skip_unused_pygame_modules(env_id: str) -> bool:
+    """Refuse UNUSED_PYGAME_MODULES in this whole process from now on if `env_id`'s entry point is in
+    PYGAME_EXTRAS_UNUSED_BY. For processes that only step `env_id` envs (the environment service and its env
+    workers), called before the first one is made.
+
+    True when the modules are refused (now or by an earlier call). False, and nothing done, for any other env,
+    or where pygame was already imported (its modules are loaded: refusing them now would change nothing; a
+    warning says so).
+    """
     if any(isinstance(finder, _RefuseModules) for finder in sys.meta_path):
         return True
+    ensure_registered(env_id)
+    entry_point = gym.spec(env_id).entry_point if env_id in gym.registry else None
+    if entry_point not in PYGAME_EXTRAS_UNUSED_BY:
+        return False
     if "pygame" in sys.modules:
+        log.warning("pygame was imported before the envs were made: its sound and image modules stay loaded")
         return False
     sys.meta_path.insert(0, _RefuseModules(UNUSED_PYGAME_MODULES))
     return True

@@ -26,7 +26,7 @@ import numpy as np
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.env_worker import GroupEnvs, group_envs
-from splitrl.core.envs import action_spec_from_space
+from splitrl.core.envs import action_spec_from_space, skip_unused_pygame_modules
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.service import BackgroundLoop, LoopService
@@ -46,6 +46,7 @@ class EnvironmentService(LoopService):
         self.settings = settings
         self.metrics = metrics
         self.meter = LinkMeter(metrics, "env-encoder")
+        skip_unused_pygame_modules(settings.env)  # this process steps only these envs (or none: env workers)
         sizes = [len(part) for part in np.array_split(np.arange(settings.num_envs), settings.env_groups)]
         #: (first env's index, its vector env) per group; env i is seeded seed + i whatever the grouping.
         self.groups = [
