@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from splitrl.core.action_repeat import ActionRepeat, render_skipper_for
+from splitrl.core.action_repeat import ActionRepeat, env_class_key, registered_class_key, render_skipper_for
 from splitrl.core.envs import CATCH_ID, make_env
 
 # 100 frames is 12 repeats of 8 and 4 frames of a 13th: every episode is truncated on a frame the fast
@@ -79,3 +79,13 @@ def test_make_env_repeats_below_the_observation_transforms() -> None:
         layer = layer.env
     assert wrappers.index("ActionRepeat") > wrappers.index("TransformObservation")
     env.close()
+
+
+@pytest.mark.parametrize("env_id", ["CarRacing-v3", "splitrl/Catch-v0"])
+def test_the_registry_names_the_class_key_an_env_will_have(env_id):
+    env = gym.make(env_id)
+    try:
+        assert registered_class_key(env_id) == env_class_key(env)
+    finally:
+        env.close()
+    assert registered_class_key("splitrl/NoSuchEnv-v0") is None

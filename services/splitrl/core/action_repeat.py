@@ -67,6 +67,14 @@ def env_class_key(env: gym.Env[Any, Any]) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def registered_class_key(env_id: str) -> str | None:
+    """The env_class_key that `env_id`'s envs will have, read from gymnasium's registry without making one (so
+    without importing its module); None for an unregistered id or an entry point that is not a "module:Class"
+    string."""
+    entry_point = gym.spec(env_id).entry_point if env_id in gym.registry else None
+    return entry_point.replace(":", ".") if isinstance(entry_point, str) else None
+
+
 def render_skipper_for(env: gym.Env[Any, Any]) -> RenderSkipper | None:
     """The registered skipper of `env`'s innermost class, or None (plain repeat)."""
     return RENDER_SKIPPERS.get(env_class_key(env))

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from splitrl.core.action_repeat import ActionRepeat, env_class_key
+from splitrl.core.action_repeat import ActionRepeat, env_class_key, registered_class_key
 from splitrl.core.fast_draw import install_fast_draw
 from splitrl.core.memory import reuse_freed_blocks
 from splitrl.core.spec import ActionSpec
@@ -105,9 +105,10 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
 #: with it) and leaves pygame.image to BMP files. Not loading them keeps 2.4 MiB of resident memory out of an
 #: environment process with 8 CarRacing envs (issue 18's <= 100 MB edge).
 UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", "pygame.imageext")
-#: Entry points of the envs checked to draw without UNUSED_PYGAME_MODULES: CarRacing uses surfaces, gfxdraw,
-#: transform, surfarray and a font (its score), no sound and no image files. Other envs keep all of pygame.
-PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset({"gymnasium.envs.box2d.car_racing:CarRacing"})
+#: Env classes ("module.QualifiedName", env_class_key) checked to draw without UNUSED_PYGAME_MODULES: CarRacing
+#: uses surfaces, gfxdraw, transform, surfarray and a font (its score), no sound and no image files. Other envs
+#: keep all of pygame.
+PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset({"gymnasium.envs.box2d.car_racing.CarRacing"})
 
 
 class _RefuseModules(importlib.abc.MetaPathFinder):
@@ -127,7 +128,7 @@ class _RefuseModules(importlib.abc.MetaPathFinder):
 
 
 def skip_unused_pygame_modules(env_id: str) -> bool:
-    """Refuse UNUSED_PYGAME_MODULES in this whole process from now on if `env_id`'s entry point is in
+    """Refuse UNUSED_PYGAME_MODULES in this whole process from now on if `env_id`'s env class is in
     PYGAME_EXTRAS_UNUSED_BY. For processes that only step `env_id` envs (the environment service and its env
     workers), called before the first one is made.
 
@@ -138,8 +139,7 @@ def skip_unused_pygame_modules(env_id: str) -> bool:
     if any(isinstance(finder, _RefuseModules) for finder in sys.meta_path):
         return True
     ensure_registered(env_id)
-    entry_point = gym.spec(env_id).entry_point if env_id in gym.registry else None
-    if entry_point not in PYGAME_EXTRAS_UNUSED_BY:
+    if registered_class_key(env_id) not in PYGAME_EXTRAS_UNUSED_BY:
         return False
     if "pygame" in sys.modules:
         log.warning("pygame was imported before the envs were made: its sound and image modules stay loaded")
