@@ -79,7 +79,7 @@ def test_a_variable_set_in_the_shell_overrides_the_recipe_in_every_service(tmp_p
         assert (settings.width, settings.env, settings.frame_stack) == (32, "CarRacing-v3", 4), name
     for name in ("inference", "learner", "edge-encoder"):  # the environment has no mode
         assert service_settings(compose, name).mode == "split-accumulate", name
-    assert service_settings(compose, "environment").max_steps == 750_000  # the recipe's steps
+    assert service_settings(compose, "environment").max_steps == 500_000  # the recipe's steps
 
 
 def test_the_run_level_variables_are_left_to_the_recipe_unless_the_shell_sets_them(tmp_path):

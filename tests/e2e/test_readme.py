@@ -32,8 +32,9 @@ def bash_block_after(heading: str) -> str:
     return match.group(1)
 
 
-def commands_starting(prefix: str) -> list[str]:
-    """Every command in README that starts with `prefix`, in bash blocks (continuations joined) or inline code.
+def commands_starting(prefix: str, inline: bool = True) -> list[str]:
+    """Every command in README that starts with `prefix`, in bash blocks (continuations joined) or inline code
+    (`inline=False`: bash blocks only, where every command is whole).
 
     Mentions without arguments and synopses with placeholders (`[--days 365]`, `RUN_DIR`) are left out.
     """
@@ -41,7 +42,8 @@ def commands_starting(prefix: str) -> list[str]:
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S)).replace("\\\n", " ")
     lines = [line.split("  #")[0].strip() for line in blocks.splitlines()]
     found = [line for line in lines if line.startswith(prefix)]
-    found += re.findall(rf"`({re.escape(prefix)}[^`]*)`", text)
+    if inline:
+        found += re.findall(rf"`({re.escape(prefix)}[^`]*)`", text)
     return [command for command in found if " --" in command and "[" not in command and "DIR" not in command]
 
 
@@ -153,6 +155,24 @@ def test_the_help_readme_points_to_explains_itself(command):
     )
     assert result.returncode == 0, result.stderr
     assert "usage: splitrl" in result.stdout and "--" in result.stdout
+
+
+def test_readmes_up_commands_name_flags_and_values_up_takes():
+    """Every `splitrl up` command README gives parses and validates with its recipe (running the CarRacing
+    ones is the benchmark); a resume is left out: it names a run only the command before it makes."""
+    from splitrl.cli.main import build_parser
+    from splitrl.core.args import given_values, validate_settings
+    from splitrl.run.settings import RunSettings
+
+    commands = [
+        command
+        for command in commands_starting("splitrl up", inline=False)
+        if "--resume" not in command and "--help" not in command
+    ]
+    assert any("--config configs/carracing.yaml --mode split" in command for command in commands)
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        validate_settings(RunSettings, given_values(RunSettings, args, environ={}))  # ValueError names the field
 
 
 def test_readmes_bench_commands_name_flags_and_values_the_benches_take():

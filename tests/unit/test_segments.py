@@ -92,3 +92,17 @@ def test_the_report_puts_argmax_and_sampled_scores_side_by_side(tmp_path):
     argmax_only = evaluation_table_lines([result([scores(400, True, 300.0)])])
     assert argmax_only[-1] == "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | - | - | - |"
     assert evaluation_table_lines([result([])]) == []
+
+
+def test_the_frame_budget_defaults_to_the_recipes_own_length(tmp_path):
+    """Without --frames a run stops where the recipe's schedules end (its steps x its action repeat); the
+    shipped CarRacing recipe's is 2M frames."""
+    from splitrl.bench.learning import recipe_frames
+    from splitrl.bench.settings import LearningBenchSettings
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("env: CarRacing-v3\naction_repeat: 4\nsteps: 300\nlr_anneal_steps: 300\n")
+    assert recipe_frames(LearningBenchSettings(config=recipe)) == (4, 1200)
+    assert recipe_frames(LearningBenchSettings(config=recipe, frames=5000)) == (4, 5000)
+    shipped = Path(__file__).resolve().parents[2] / "configs" / "carracing.yaml"
+    assert recipe_frames(LearningBenchSettings(config=shipped)) == (4, 2_000_000)

@@ -47,15 +47,19 @@ def _splitrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "splitrl.cli.main", *args]
 
 
-def _action_repeat(settings: LearningBenchSettings) -> int:
+def recipe_frames(settings: LearningBenchSettings) -> tuple[int, int]:
+    """(action repeat, env frames per run) of the bench: --frames, or else the recipe's own length (its steps
+    x its action repeat), so a recipe whose schedules end with its steps is not trained past them."""
     from splitrl.run.settings import RunSettings
 
-    return int(RunSettings.model_validate(load_config(settings.config, RunSettings)).action_repeat)
+    recipe = RunSettings.model_validate(load_config(settings.config, RunSettings))
+    repeat = int(recipe.action_repeat)
+    return repeat, settings.frames if settings.frames is not None else recipe.steps * repeat
 
 
-def _budget(settings: LearningBenchSettings, repeat: int) -> Budget:
+def _budget(settings: LearningBenchSettings, repeat: int, frames: int) -> Budget:
     return Budget.of_frames(
-        settings.frames,
+        frames,
         settings.segment_frames,
         repeat,
         settings.eval_episodes,
@@ -64,7 +68,7 @@ def _budget(settings: LearningBenchSettings, repeat: int) -> Budget:
     )
 
 
-def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, repeat: int) -> None:
+def train(settings: LearningBenchSettings, budget: Budget, repeat: int, row: Row, seed: int, run_dir: Path) -> None:
     """Bring one run to the frame budget, segment by segment, each followed by an evaluation."""
 
     def evaluate(episodes: int, deterministic: bool) -> None:
@@ -80,16 +84,16 @@ def train(settings: LearningBenchSettings, row: Row, seed: int, run_dir: Path, r
         print(f"  {row.spec} seed {seed}: training to {target * repeat:,} frames", flush=True)
         _call(command, f"up {run_dir}", quiet=True)
 
-    run_segments(run_dir, _budget(settings, repeat), evaluate, train_to)
+    run_segments(run_dir, budget, evaluate, train_to)
 
 
-def train_reference(settings: LearningBenchSettings, seed: int, run_dir: Path, repeat: int) -> None:
+def train_reference(settings: LearningBenchSettings, budget: Budget, seed: int, run_dir: Path) -> None:
     """The Stable-Baselines3 PPO row on the recipe's cloud settings (splitrl.bench.sb3_reference)."""
     from splitrl.bench.sb3_reference import train_sb3
     from splitrl.run.settings import RunSettings
 
     recipe = RunSettings.model_validate({**load_config(settings.config, RunSettings), "seed": seed})
-    train_sb3(run_dir, recipe, _budget(settings, repeat))
+    train_sb3(run_dir, recipe, budget)
 
 
 def _call(command: list[str], what: str, quiet: bool = False) -> None:
@@ -101,14 +105,15 @@ def _call(command: list[str], what: str, quiet: bool = False) -> None:
 def run_learning_bench(settings: LearningBenchSettings) -> int:
     """Train (or resume) every row x seed, then write the table and figure; returns a process exit code."""
     try:
-        repeat = _action_repeat(settings)
+        repeat, frames = recipe_frames(settings)
     except ValueError as error:
         print(f"splitrl bench learning: {error}", file=sys.stderr)
         return 2
+    budget = _budget(settings, repeat, frames)
     rows = [Row(spec) for spec in settings.rows]
     print(
         f"learning bench: {len(rows)} rows{' + sb3-ppo' if settings.sb3_reference else ''} x "
-        f"{len(settings.seeds)} seeds, {settings.frames:,} frames each "
+        f"{len(settings.seeds)} seeds, {frames:,} frames each "
         f"(action repeat {repeat}), recipe {settings.config}"
     )
     #: (row label, seed, run dir, how to train it, whether it has WAN links): splitrl's rows, then the SB3 peer.
@@ -116,11 +121,11 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
     for row in rows:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"{row.slug}_seed{seed}"
-            runs.append((row.spec, seed, run_dir, partial(train, settings, row, seed, run_dir, repeat), True))
+            runs.append((row.spec, seed, run_dir, partial(train, settings, budget, repeat, row, seed, run_dir), True))
     if settings.sb3_reference:
         for seed in settings.seeds:
             run_dir = settings.out / "runs" / f"sb3-ppo_seed{seed}"
-            runs.append(("sb3-ppo", seed, run_dir, partial(train_reference, settings, seed, run_dir, repeat), False))
+            runs.append(("sb3-ppo", seed, run_dir, partial(train_reference, settings, budget, seed, run_dir), False))
     results = []
     for label, seed, run_dir, train_run, networked in runs:
         started = time.monotonic()

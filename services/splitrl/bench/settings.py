@@ -219,14 +219,19 @@ class LearningBenchSettings(Settings):
         "width, encoder epochs and fraction, and bottleneck.",
     )
     rows: CommaListOrEmpty[Annotated[str, AfterValidator(_row_spec)]] = Field(
-        ["cloud:h264", "split-accumulate:int4+zstd:w32:layernorm"],
+        ["cloud:h264", "split:int4+zstd:w32:e1:f0.5:layernorm"],
         description="Comma-separated MODE[:CODEC][:wWIDTH][:eEPOCHS][:fFRACTION][:BOTTLENECK]: CODEC is cloud's "
         "observation codec or split modes' activation (and gradient) codec; WIDTH the encoder width; EPOCHS and "
         "FRACTION the split modes' --encoder-epochs and --encoder-fraction; BOTTLENECK relu or layernorm. Empty "
         "('') with --sb3-reference: the reference peer alone.",
     )
     seeds: CommaList[int] = Field([0], description="Comma-separated seeds; every row runs once per seed.")
-    frames: int = Field(3_000_000, ge=1, description="Env frames per run (agent steps x the recipe's action repeat).")
+    frames: int | None = Field(
+        None,
+        ge=1,
+        description="Env frames per run (agent steps x the recipe's action repeat); default: the recipe's steps "
+        "x its action repeat.",
+    )
     segment_frames: int = Field(
         250_000, ge=1, description="Env frames per segment; each segment ends with an evaluation and can be resumed."
     )
