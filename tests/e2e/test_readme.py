@@ -157,13 +157,14 @@ def test_the_help_readme_points_to_explains_itself(command):
     assert "usage: splitrl" in result.stdout and "--" in result.stdout
 
 
-def test_readmes_up_commands_name_flags_and_values_up_takes():
+def test_readmes_up_commands_name_flags_and_values_up_takes(monkeypatch):
     """Every `splitrl up` command README gives parses and validates with its recipe (running the CarRacing
     ones is the benchmark); a resume is left out: it names a run only the command before it makes."""
     from splitrl.cli.main import build_parser
     from splitrl.core.args import given_values, validate_settings
     from splitrl.run.settings import RunSettings
 
+    monkeypatch.chdir(REPO)  # README's paths are the repository's
     commands = [
         command
         for command in commands_starting("splitrl up", inline=False)

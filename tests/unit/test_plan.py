@@ -171,13 +171,14 @@ def test_a_recipe_share_holds_only_what_the_recipe_sets():
     environment = recipe_share(RECIPE, "environment")
     assert (environment["env"], environment["action_repeat"], environment["max_steps"]) == ("CarRacing-v3", 4, 500_000)
     assert "seed" not in environment and "torch_threads" not in environment  # left to the service's defaults
-    # chunks_per_update 16; train_every_step: each chunk sampled once, inserts wait past the unsampled bound
-    replay = recipe_share(RECIPE, "replay")
-    assert replay == {"max_size": 2 * 16, "samples_per_insert": 1.0, "error_buffer": replay["error_buffer"]}
-    assert replay["error_buffer"] > 0
+    # chunks_per_update 16; train_every_step: each chunk sampled once, inserts wait past one update's chunks
+    assert recipe_share(RECIPE, "replay") == {"max_size": 2 * 16, "samples_per_insert": 1.0, "error_buffer": 15.0}
     assert recipe_share(RECIPE, "edge-encoder")["observation_store_size"] == 2 * 32 * (8 + 32 + 16)
     learner = recipe_share(RECIPE, "learner")
     assert (learner["learning_rate"], learner["reward_scale"], learner["mode"]) == (2.5e-4, 0.1, "cloud")
+    # the V-trace recipe: both rates annealed to 0 at the run's last step, clip 0.1
+    assert (learner["correction"], learner["clip"]) == ("vtrace", 0.1)
+    assert learner["lr_anneal_steps"] == learner["entropy_anneal_steps"] == environment["max_steps"]
 
 
 def test_a_recipe_with_a_key_no_run_has_fails_naming_it(tmp_path):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from splitrl.bench.learning_report import evaluation_table_lines, write_learning_report
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.run import files as run_dir_files
@@ -97,12 +99,16 @@ def test_the_report_puts_argmax_and_sampled_scores_side_by_side(tmp_path):
 def test_the_frame_budget_defaults_to_the_recipes_own_length(tmp_path):
     """Without --frames a run stops where the recipe's schedules end (its steps x its action repeat); the
     shipped CarRacing recipe's is 2M frames."""
-    from splitrl.bench.learning import recipe_frames
+    from splitrl.bench.learning import repeat_and_frames
     from splitrl.bench.settings import LearningBenchSettings
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("env: CarRacing-v3\naction_repeat: 4\nsteps: 300\nlr_anneal_steps: 300\n")
-    assert recipe_frames(LearningBenchSettings(config=recipe)) == (4, 1200)
-    assert recipe_frames(LearningBenchSettings(config=recipe, frames=5000)) == (4, 5000)
+    assert repeat_and_frames(LearningBenchSettings(config=recipe)) == (4, 1200)
+    assert repeat_and_frames(LearningBenchSettings(config=recipe, frames=5000)) == (4, 5000)
     shipped = Path(__file__).resolve().parents[2] / "configs" / "carracing.yaml"
-    assert recipe_frames(LearningBenchSettings(config=shipped)) == (4, 2_000_000)
+    assert repeat_and_frames(LearningBenchSettings(config=shipped)) == (4, 2_000_000)
+    recipe.write_text("env: CarRacing-v3\n")  # no length of its own: the bench must be told one
+    with pytest.raises(ValueError, match="sets no steps: give --frames"):
+        repeat_and_frames(LearningBenchSettings(config=recipe))
+    assert repeat_and_frames(LearningBenchSettings(config=recipe, frames=800)) == (1, 800)

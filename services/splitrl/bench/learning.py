@@ -47,14 +47,20 @@ def _splitrl(*args: str) -> list[str]:
     return [sys.executable, "-m", "splitrl.cli.main", *args]
 
 
-def recipe_frames(settings: LearningBenchSettings) -> tuple[int, int]:
+def repeat_and_frames(settings: LearningBenchSettings) -> tuple[int, int]:
     """(action repeat, env frames per run) of the bench: --frames, or else the recipe's own length (its steps
-    x its action repeat), so a recipe whose schedules end with its steps is not trained past them."""
+    x its action repeat), so a recipe whose schedules end with its steps is not trained past them. ValueError
+    when neither says how long (a recipe without `steps`: the run's default of a few thousand is no budget)."""
     from splitrl.run.settings import RunSettings
 
-    recipe = RunSettings.model_validate(load_config(settings.config, RunSettings))
+    values = load_config(settings.config, RunSettings)
+    recipe = RunSettings.model_validate(values)
     repeat = int(recipe.action_repeat)
-    return repeat, settings.frames if settings.frames is not None else recipe.steps * repeat
+    if settings.frames is not None:
+        return repeat, settings.frames
+    if "steps" not in values:
+        raise ValueError(f"{settings.config} sets no steps: give --frames")
+    return repeat, recipe.steps * repeat
 
 
 def _budget(settings: LearningBenchSettings, repeat: int, frames: int) -> Budget:
@@ -105,7 +111,7 @@ def _call(command: list[str], what: str, quiet: bool = False) -> None:
 def run_learning_bench(settings: LearningBenchSettings) -> int:
     """Train (or resume) every row x seed, then write the table and figure; returns a process exit code."""
     try:
-        repeat, frames = recipe_frames(settings)
+        repeat, frames = repeat_and_frames(settings)
     except ValueError as error:
         print(f"splitrl bench learning: {error}", file=sys.stderr)
         return 2
