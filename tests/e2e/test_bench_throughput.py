@@ -49,7 +49,10 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert "| sync-ppo |" in table and "| sb3-ppo |" in table and "x sb3-ppo" in table
     # --profile-s: py-spy sampled every service process for a second once the warm-up was over.
     assert set(stack["profiles"]) == set(stack["cpu_seconds"])
-    assert all(profile["samples"] > 0 and 0 <= profile["waiting_share"] <= 1 for profile in stack["profiles"].values())
+    assert all(0 <= profile["waiting_share"] <= 1 for profile in stack["profiles"].values())
+    # py-spy counts running threads only: the services that work on every env step always have samples, while
+    # replay can wait through the whole second (a CI run caught it with none).
+    assert all(stack["profiles"][name]["samples"] > 0 for name in ("edge-encoder", "inference")), stack["profiles"]
     assert any(profile["top"] for profile in stack["profiles"].values())
     assert "Where the time goes" in table and (out / "runs" / "split-accumulate" / "profile").is_dir()
     assert "| stack split-accumulate |" in result.stdout

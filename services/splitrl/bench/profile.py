@@ -5,6 +5,11 @@ slowing it down much (`--nonblocking`: the target is never paused). Each service
 the same seconds at once; a profile keeps, per service, the functions the samples were in (self) and the share
 of samples spent waiting for I/O (the event loop's select and idle worker threads), so "where the remaining
 time goes" is read per service next to the hop latencies.
+
+py-spy samples only threads the OS reports running (no `--idle`: with it, every idle gRPC pool thread would add
+a sample per tick and the shares would count threads, not time). A service that waited through the whole
+window (replay, between updates) therefore has few samples or none: zero samples is a measurement, not a
+failure, and its waiting share is reported as 0.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ TOP = 8
 
 @dataclass(frozen=True)
 class ServiceProfile:
-    """One process's samples: `samples` stacks in all, `waiting_share` of them waiting (see WAITING), and the
-    `top` other functions by the share of samples they were running in themselves (self time), busiest first."""
+    """One process's samples: `samples` stacks of its running threads in all (0 if it waited throughout),
+    `waiting_share` of them waiting (see WAITING; 0.0 without samples), and the `top` other functions by the
+    share of samples they were running in themselves (self time), busiest first."""
 
     samples: int
     waiting_share: float
