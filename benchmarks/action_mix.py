@@ -1,11 +1,19 @@
 """Analysis (not a test): which actions a trained run's policy takes, with argmax and with sampled actions.
 
     python benchmarks/action_mix.py RUN_DIR --episodes 2
+    python benchmarks/action_mix.py RUN_DIR --episodes 10 --reassign 4:3   # and sampled with brake -> gas
 
-For a discrete policy: the share of steps each action was taken, the policy's mean probability of each
-action, and the mean return, playing unseen episodes (reset seeds from 2 x 10^9, apart from `splitrl eval`'s)
-first with the most likely action, then sampling. A policy that drives by mixing "nothing" and "gas" shows
-"gas" rarely most likely: its argmax car barely moves while the sampled one drives.
+RUN_DIR is a directory `splitrl up` wrote, or a `splitrl bench learning --sb3-reference` row's run directory
+(its checkpoints/sb3_ppo.zip; needs the sb3 extra). For a discrete policy, playing unseen episodes (reset seeds
+from 2 x 10^9, apart from `splitrl eval`'s; episode k gets the same track in every pass and every run) first
+with the most likely action, then sampling: the return per episode, the share of steps each action was taken,
+the policy's mean probability of each action, and how sure it was (entropy in nats, mean and median over
+steps; the share of steps whose most likely action had under half the probability).
+
+A policy that drives by mixing "nothing" and "gas" shows "gas" rarely most likely: its argmax car barely moves
+while the sampled one drives. `--reassign FROM:TO` adds a third pass that samples with action FROM's
+probability moved to TO, to see what a small share of one action costs a sampled policy (CarRacing's actions:
+0 nothing, 1 left, 2 right, 3 gas, 4 brake).
 """
 
 from __future__ import annotations
@@ -13,60 +21,131 @@ from __future__ import annotations
 import argparse
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from splitrl.bench.sb3_reference import MODEL_FILE
 from splitrl.core.envs import action_spec_of, make_env
 from splitrl.run.evaluate import Agent, run_settings
+from splitrl.run.settings import RunSettings
 
 SEED_BASE = 2_000_000_000
 
 
+class SplitrlPolicy:
+    """A `splitrl up` run's agent, as `splitrl eval` rebuilds it; `probabilities` feeds it one frame."""
+
+    def __init__(self, run_dir: Path, run: RunSettings, spec: Any) -> None:
+        self.agent = Agent(run_dir, run, spec)
+        self.version = self.agent.version
+        self.last = np.empty(0)
+        forward = self.agent.network.forward
+
+        def recording(inputs: torch.Tensor) -> object:
+            distribution, value = forward(inputs)
+            self.last = distribution.probs[0].numpy().copy()
+            return distribution, value
+
+        self.agent.network.forward = recording  # type: ignore[method-assign]
+
+    def start_episode(self) -> None:
+        self.agent.start_episode()
+
+    def probabilities(self, frame: np.ndarray) -> np.ndarray:
+        self.agent.act(frame, deterministic=True)  # stacks the frame; the action is chosen by the caller
+        return self.last
+
+
+class SB3Policy:
+    """An SB3 reference row's policy, its frames stacked as VecFrameStack stacks them (zeros first)."""
+
+    def __init__(self, run_dir: Path, run: RunSettings) -> None:
+        from stable_baselines3 import PPO
+
+        self.model = PPO.load(run_dir / "checkpoints" / MODEL_FILE, device="cpu")
+        self.size, self.depth = run.frame_size, run.frame_stack
+        self.version = int(self.model.num_timesteps // (run.unroll_length * run.chunks_per_update))
+
+    def start_episode(self) -> None:
+        self.stack = np.zeros((1, self.size, self.size, self.depth), dtype=np.uint8)
+
+    @torch.no_grad()
+    def probabilities(self, frame: np.ndarray) -> np.ndarray:
+        self.stack = np.roll(self.stack, -1, axis=-1)
+        self.stack[0, :, :, -1] = frame
+        observation, _ = self.model.policy.obs_to_tensor(self.stack)
+        return self.model.policy.get_distribution(observation).distribution.probs[0].numpy().copy()
+
+
+def reassignment(text: str) -> tuple[int, int]:
+    """FROM:TO action indices, from --reassign."""
+    try:
+        source, target = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--reassign takes FROM:TO action indices, e.g. 4:3; got {text!r}") from None
+    return source, target
+
+
+def play(policy: Any, env: Any, episodes: int, how: str, reassign: tuple[int, int] | None, rng: Any) -> str:
+    """One pass of `episodes` episodes acting `how` ("argmax", "sampled" or "reassigned"); its summary line."""
+    taken: Counter[int] = Counter()
+    seen: list[np.ndarray] = []
+    total = 0.0
+    for episode in range(episodes):
+        frame, _ = env.reset(seed=SEED_BASE + episode)
+        policy.start_episode()
+        done = False
+        while not done:
+            probabilities = policy.probabilities(frame)
+            seen.append(probabilities)
+            if how == "argmax":
+                action = int(probabilities.argmax())
+            else:
+                acting = probabilities.astype(np.float64)
+                if reassign is not None and how == "reassigned":
+                    acting[reassign[1]] += acting[reassign[0]]
+                    acting[reassign[0]] = 0.0
+                action = int(rng.choice(len(acting), p=acting / acting.sum()))
+            taken[action] += 1
+            frame, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+    steps, probs = sum(taken.values()), np.asarray(seen)
+    entropy = -(probs * np.log(np.clip(probs, 1e-12, 1.0))).sum(axis=1)
+    shares = " ".join(f"{a}:{taken[a] / steps:.2f}" for a in range(probs.shape[1]))
+    mean_probs = " ".join(f"{p:.3f}" for p in probs.mean(axis=0))
+    label = f"sampled, {reassign[0]}->{reassign[1]}" if how == "reassigned" and reassign else how
+    return (
+        f"{label}: return/episode {total / episodes:.1f}; share of steps per action {shares}; mean probabilities "
+        f"{mean_probs}; entropy {entropy.mean():.3f} nats (median {np.median(entropy):.3f}); most likely action "
+        f"under 0.5 on {np.mean(probs.max(axis=1) < 0.5):.1%} of steps"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="A directory `splitrl up` wrote (its checkpoints are played).")
+    parser.add_argument("run_dir", type=Path, help="A run directory (splitrl's, or an SB3 reference row's).")
     parser.add_argument("--episodes", type=int, default=2, help="Unseen episodes per way of acting.")
+    parser.add_argument("--reassign", type=reassignment, help="FROM:TO: also sample with FROM's probability on TO.")
     args = parser.parse_args()
+    if args.episodes < 1:
+        parser.error(f"--episodes must be at least 1; got {args.episodes}")
     torch.set_num_threads(1)
-    torch.manual_seed(0)  # the sampled actions
     run = run_settings(args.run_dir)
     spec = action_spec_of(run.env, run.env_kwargs)
     if spec.kind != "discrete":
         parser.error(f"{run.env} has a {spec.kind} action space; this counts discrete actions")
-    agent = Agent(args.run_dir, run, spec)
-    probabilities: list[np.ndarray] = []
-    forward = agent.network.forward
-
-    def recording(inputs: torch.Tensor) -> object:
-        distribution, value = forward(inputs)
-        probabilities.append(distribution.probs[0].numpy().copy())
-        return distribution, value
-
-    agent.network.forward = recording  # type: ignore[method-assign]
+    if args.reassign and not all(0 <= a < spec.size for a in args.reassign):
+        parser.error(f"--reassign {args.reassign[0]}:{args.reassign[1]}: {run.env} has actions 0..{spec.size - 1}")
+    sb3 = (args.run_dir / "checkpoints" / MODEL_FILE).exists()
+    policy = SB3Policy(args.run_dir, run) if sb3 else SplitrlPolicy(args.run_dir, run, spec)
     env = make_env(run.env, run.env_kwargs, run.frame_size, run.action_repeat)
-    print(f"{args.run_dir}: policy version {agent.version}, {args.episodes} episodes each way")
-    for deterministic in (True, False):
-        probabilities.clear()
-        taken: Counter[int] = Counter()
-        total = 0.0
-        for episode in range(args.episodes):
-            frame, _ = env.reset(seed=SEED_BASE + episode)
-            agent.start_episode()
-            done = False
-            while not done:
-                action = agent.act(frame, deterministic)
-                taken[action] += 1
-                frame, reward, terminated, truncated, _ = env.step(action)
-                total += float(reward)
-                done = terminated or truncated
-        steps = sum(taken.values())
-        shares = " ".join(f"{a}:{taken[a] / steps:.2f}" for a in range(spec.size))
-        mean_probs = " ".join(f"{p:.3f}" for p in np.mean(probabilities, axis=0))
-        print(
-            f"{'argmax ' if deterministic else 'sampled'}: return/episode {total / args.episodes:.1f}; "
-            f"share of steps per action {shares}; mean probabilities {mean_probs}"
-        )
+    print(f"{args.run_dir}: {'SB3 ' if sb3 else ''}policy version {policy.version}, {args.episodes} episodes each way")
+    rng = np.random.default_rng(0)  # the sampled actions
+    for how in ("argmax", "sampled", "reassigned") if args.reassign else ("argmax", "sampled"):
+        print(play(policy, env, args.episodes, how, args.reassign, rng), flush=True)
     env.close()
 
 
