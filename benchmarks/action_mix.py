@@ -13,7 +13,8 @@ steps; the share of steps whose most likely action had under half the probabilit
 A policy that drives by mixing "nothing" and "gas" shows "gas" rarely most likely: its argmax car barely moves
 while the sampled one drives. `--reassign FROM:TO` adds a third pass that samples with action FROM's
 probability moved to TO, to see what a small share of one action costs a sampled policy (CarRacing's actions:
-0 nothing, 1 left, 2 right, 3 gas, 4 brake).
+0 nothing, 1 left, 2 right, 3 gas, 4 brake). That pass's probabilities and entropy are the policy's own, on the
+states it visited; its shares of steps are of the actions taken after the move.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def reassignment(text: str) -> tuple[int, int]:
         source, target = (int(part) for part in text.split(":"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"--reassign takes FROM:TO action indices, e.g. 4:3; got {text!r}") from None
+    if source == target:
+        raise argparse.ArgumentTypeError(f"--reassign moves one action's probability to another; got {text!r}")
     return source, target
 
 

@@ -32,3 +32,5 @@ def test_action_mix_plays_a_run_three_ways_and_refuses_an_action_the_env_lacks(t
 
     refused = subprocess.run([*mix, "--reassign", "0:7"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "has actions 0..2" in refused.stderr, refused.stderr
+    same = subprocess.run([*mix, "--reassign", "1:1"], capture_output=True, text=True, timeout=120)
+    assert same.returncode == 2 and "to another; got '1:1'" in same.stderr, same.stderr

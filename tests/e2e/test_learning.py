@@ -33,10 +33,10 @@ what was measured).
 
 split-accumulate (whose encoder steps on gradients from activations it made updates earlier) can lose ground
 late: the scaled run above fell to +0.2 after peaking, and a CI run on 14b43cf (2026-11-27, 203 s) scored
--0.08 over the last 4k of 100k, where two runs here that day held +0.8 to +1.0 per 4k from 28k on and ended at
-+1.0 and +0.8. For the runs in LOSES_GROUND the test asks that the run learned (some 4k window clears
-THRESHOLD) and kept most of it (the last 4k at least HELD above random: +0.4 is ~8 standard errors of a
-window's ~350 episodes).
+-0.08 over the last 4k of 100k, where two runs here that day held above +0.6 per 4k from 28k on and ended at
++0.98 and +0.82. For the runs in LOSES_GROUND the test asks that the run learned (some 4k window clears
+THRESHOLD) and kept most of it (the last 4k at least HELD above random: +0.4 is ~7 standard errors of a
+window's ~250-300 episodes).
 """
 
 from __future__ import annotations
