@@ -27,57 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from splitrl.bench.sb3_reference import MODEL_FILE
+from splitrl.bench.sb3_reference import MODEL_FILE, SB3Actor
 from splitrl.core.envs import action_spec_of, make_env
 from splitrl.run.evaluate import Agent, run_settings
-from splitrl.run.settings import RunSettings
 
 SEED_BASE = 2_000_000_000
-
-
-class SplitrlPolicy:
-    """A `splitrl up` run's agent, as `splitrl eval` rebuilds it; `probabilities` feeds it one frame."""
-
-    def __init__(self, run_dir: Path, run: RunSettings, spec: Any) -> None:
-        self.agent = Agent(run_dir, run, spec)
-        self.version = self.agent.version
-        self.last = np.empty(0)
-        forward = self.agent.network.forward
-
-        def recording(inputs: torch.Tensor) -> object:
-            distribution, value = forward(inputs)
-            self.last = distribution.probs[0].numpy().copy()
-            return distribution, value
-
-        self.agent.network.forward = recording  # type: ignore[method-assign]
-
-    def start_episode(self) -> None:
-        self.agent.start_episode()
-
-    def probabilities(self, frame: np.ndarray) -> np.ndarray:
-        self.agent.act(frame, deterministic=True)  # stacks the frame; the action is chosen by the caller
-        return self.last
-
-
-class SB3Policy:
-    """An SB3 reference row's policy, its frames stacked as VecFrameStack stacks them (zeros first)."""
-
-    def __init__(self, run_dir: Path, run: RunSettings) -> None:
-        from stable_baselines3 import PPO
-
-        self.model = PPO.load(run_dir / "checkpoints" / MODEL_FILE, device="cpu")
-        self.size, self.depth = run.frame_size, run.frame_stack
-        self.version = int(self.model.num_timesteps // (run.unroll_length * run.chunks_per_update))
-
-    def start_episode(self) -> None:
-        self.stack = np.zeros((1, self.size, self.size, self.depth), dtype=np.uint8)
-
-    @torch.no_grad()
-    def probabilities(self, frame: np.ndarray) -> np.ndarray:
-        self.stack = np.roll(self.stack, -1, axis=-1)
-        self.stack[0, :, :, -1] = frame
-        observation, _ = self.model.policy.obs_to_tensor(self.stack)
-        return self.model.policy.get_distribution(observation).distribution.probs[0].numpy().copy()
 
 
 def reassignment(text: str) -> tuple[int, int]:
@@ -143,7 +97,7 @@ def main() -> None:
     if args.reassign and not all(0 <= a < spec.size for a in args.reassign):
         parser.error(f"--reassign {args.reassign[0]}:{args.reassign[1]}: {run.env} has actions 0..{spec.size - 1}")
     sb3 = (args.run_dir / "checkpoints" / MODEL_FILE).exists()
-    policy = SB3Policy(args.run_dir, run) if sb3 else SplitrlPolicy(args.run_dir, run, spec)
+    policy = SB3Actor.load(args.run_dir, run) if sb3 else Agent(args.run_dir, run, spec)
     env = make_env(run.env, run.env_kwargs, run.frame_size, run.action_repeat)
     print(f"{args.run_dir}: {'SB3 ' if sb3 else ''}policy version {policy.version}, {args.episodes} episodes each way")
     rng = np.random.default_rng(0)  # the sampled actions

@@ -207,25 +207,39 @@ def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
     return CurveLogger()
 
 
-class _SB3Actor:
+class SB3Actor:
     """An SB3 policy behind splitrl's evaluation loop; stacks frames as VecFrameStack does (zeros first)."""
 
     def __init__(self, model: Any, run: RunSettings) -> None:
         self.model, self.run = model, run
         self.version = int(model.num_timesteps // (run.unroll_length * run.chunks_per_update))
 
+    @classmethod
+    def load(cls, run_dir: Path, run: RunSettings) -> SB3Actor:
+        """The policy an SB3 row saved in RUN_DIR/checkpoints/sb3_ppo.zip, on the CPU."""
+        return cls(require_sb3().PPO.load(run_dir / "checkpoints" / MODEL_FILE, device="cpu"), run)
+
     def start_episode(self) -> None:
         size = self.run.frame_size
         self.stack = np.zeros((1, size, size, self.run.frame_stack), dtype=np.uint8)
 
-    def act(self, frame: np.ndarray, deterministic: bool) -> Any:
+    def _push(self, frame: np.ndarray) -> np.ndarray:
         self.stack = np.roll(self.stack, -1, axis=-1)
         self.stack[0, :, :, -1] = frame
-        action, _ = self.model.predict(self.stack, deterministic=deterministic)
+        return self.stack
+
+    def act(self, frame: np.ndarray, deterministic: bool) -> Any:
+        action, _ = self.model.predict(self._push(frame), deterministic=deterministic)
         return int(action[0]) if np.ndim(action[0]) == 0 else action[0]
 
+    @torch.no_grad()
+    def probabilities(self, frame: np.ndarray) -> np.ndarray:
+        """A discrete policy's action probabilities for the stack ending in `frame` (stacks it, as act does)."""
+        observation, _ = self.model.policy.obs_to_tensor(self._push(frame))
+        return self.model.policy.get_distribution(observation).distribution.probs[0].numpy().copy()
 
-def _same(actor: _SB3Actor, _: ActionSpec) -> _SB3Actor:
+
+def _same(actor: SB3Actor, _: ActionSpec) -> SB3Actor:
     return actor
 
 
@@ -238,7 +252,7 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     model_path = run_dir / "checkpoints" / MODEL_FILE
 
     def evaluate(episodes: int, deterministic: bool) -> None:
-        actor = _SB3Actor(sb3.PPO.load(model_path, device="cpu"), run)
+        actor = SB3Actor.load(run_dir, run)
         settings = EvalSettings.model_validate({"episodes": episodes, "deterministic": deterministic})
         evaluate_actor(run_dir, run, partial(_same, actor), settings)
 

@@ -64,6 +64,22 @@ class Agent:
 
     @torch.no_grad()
     def act(self, frame: np.ndarray, deterministic: bool) -> Any:
+        distribution = self._distribution(frame)
+        if self.action_spec.kind == "discrete":
+            probs = distribution.probs  # type: ignore[attr-defined]
+            action = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1).squeeze(-1)
+            return int(action[0])
+        base = distribution.base_dist  # type: ignore[attr-defined]
+        action = base.loc if deterministic else base.sample()
+        return np.clip(action[0].numpy(), self.action_spec.low, self.action_spec.high)
+
+    @torch.no_grad()
+    def probabilities(self, frame: np.ndarray) -> np.ndarray:
+        """A discrete policy's action probabilities for the stack ending in `frame` (stacks it, as act does)."""
+        return self._distribution(frame).probs[0].numpy().copy()  # type: ignore[attr-defined]
+
+    def _distribution(self, frame: np.ndarray) -> torch.distributions.Distribution:
+        """The policy's action distribution after pushing `frame` through the run's codecs and frame stack."""
         frames = torch.from_numpy(np.ascontiguousarray(frame))[None]
         if self.run.mode == "cloud" and self.run.codec == "h264":
             frames = self.video_out.decode(self.video_in.encode(frames))
@@ -74,13 +90,7 @@ class Agent:
             codec = self.run.activation_codec
             inputs = wire.decode_float(wire.encode_float(self.encoder(stacks), codec), expect_shape=[1, None])
         distribution, _ = self.network(inputs)
-        if self.action_spec.kind == "discrete":
-            probs = distribution.probs  # type: ignore[attr-defined]
-            action = probs.argmax(-1) if deterministic else torch.multinomial(probs, 1).squeeze(-1)
-            return int(action[0])
-        base = distribution.base_dist  # type: ignore[attr-defined]
-        action = base.loc if deterministic else base.sample()
-        return np.clip(action[0].numpy(), self.action_spec.low, self.action_spec.high)
+        return distribution
 
 
 def _checkpoint(path: Path) -> dict[str, Any]:
