@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from splitrl.bench.sb3_reference import MODEL_FILE, SB3Actor
+from splitrl.bench.sb3_reference import SB3Actor, model_path
 from splitrl.core.envs import action_spec_of, make_env
 from splitrl.run.evaluate import Agent, run_settings
 
@@ -96,7 +96,7 @@ def main() -> None:
         parser.error(f"{run.env} has a {spec.kind} action space; this counts discrete actions")
     if args.reassign and not all(0 <= a < spec.size for a in args.reassign):
         parser.error(f"--reassign {args.reassign[0]}:{args.reassign[1]}: {run.env} has actions 0..{spec.size - 1}")
-    sb3 = (args.run_dir / "checkpoints" / MODEL_FILE).exists()
+    sb3 = model_path(args.run_dir).exists()
     policy = SB3Actor.load(args.run_dir, run) if sb3 else Agent(args.run_dir, run, spec)
     env = make_env(run.env, run.env_kwargs, run.frame_size, run.action_repeat)
     print(f"{args.run_dir}: {'SB3 ' if sb3 else ''}policy version {policy.version}, {args.episodes} episodes each way")

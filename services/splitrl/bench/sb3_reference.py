@@ -44,6 +44,11 @@ ROW = "sb3-ppo"
 MODEL_FILE = "sb3_ppo.zip"
 
 
+def model_path(run_dir: Path) -> Path:
+    """Where an SB3 row keeps its model in RUN_DIR (saved after each segment; its presence marks an SB3 run)."""
+    return run_dir / "checkpoints" / MODEL_FILE
+
+
 def require_sb3() -> Any:
     """The stable_baselines3 module; ValueError saying how to install it if it is missing."""
     try:
@@ -216,8 +221,8 @@ class SB3Actor:
 
     @classmethod
     def load(cls, run_dir: Path, run: RunSettings) -> SB3Actor:
-        """The policy an SB3 row saved in RUN_DIR/checkpoints/sb3_ppo.zip, on the CPU."""
-        return cls(require_sb3().PPO.load(run_dir / "checkpoints" / MODEL_FILE, device="cpu"), run)
+        """The policy an SB3 row saved in RUN_DIR (model_path), on the CPU."""
+        return cls(require_sb3().PPO.load(model_path(run_dir), device="cpu"), run)
 
     def start_episode(self) -> None:
         size = self.run.frame_size
@@ -249,7 +254,7 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     torch.set_num_threads(run.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     run_dir_files.save_settings(run_dir, run.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
-    model_path = run_dir / "checkpoints" / MODEL_FILE
+    saved = model_path(run_dir)
 
     def evaluate(episodes: int, deterministic: bool) -> None:
         actor = SB3Actor.load(run_dir, run)
@@ -259,14 +264,14 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
     def train_to(offset: dict[str, float], target: int) -> None:
         done = int(offset["env_steps"])
         venv = _vector_env(run, run.seed + done)  # a resumed run plays tracks it has not played yet
-        model = sb3.PPO.load(model_path, env=venv, device="cpu") if model_path.exists() else None
+        model = sb3.PPO.load(saved, env=venv, device="cpu") if saved.exists() else None
         model = _with_schedule(model or _new_model(run, venv, run.seed))
         model.ent_coef = run.entropy_coef  # the recipe's, not what a loaded model pickled (an anneal lowers it)
         print(f"  {ROW} seed {run.seed}: training to {target * run.action_repeat:,} frames", flush=True)
         curve_logger = _curve_callback(offset, every_steps=run.unroll_length * run.chunks_per_update)
         model.learn(target - done, callback=_callbacks(run, curve_logger), reset_num_timesteps=False)
-        model_path.parent.mkdir(parents=True, exist_ok=True)
-        model.save(model_path)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        model.save(saved)
         for point in curve_logger.points:  # after the save, so a run killed mid-segment resumes consistently
             run_dir_files.append_curve(run_dir, point)
         venv.close()
