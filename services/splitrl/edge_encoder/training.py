@@ -31,6 +31,7 @@ from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.core.step_ids import unpack_step_ids
+from splitrl.edge_encoder.optimizer import LeanAdam
 from splitrl.v1 import training_pb2
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ class EncoderTrainer:
         self.metrics = metrics
         self.max_grad_norm = max_grad_norm
         self.learning_rate = learning_rate  # before the learner's schedule (EncoderGradients.learning_rate_scale)
-        self.optimizer = torch.optim.Adam(encoder.parameters(), lr=learning_rate, eps=1e-5)
+        self.optimizer = LeanAdam(encoder.parameters(), lr=learning_rate, eps=1e-5)  # torch.optim.Adam's steps
         self.version = 0
         self.rows_per_pass = rows_per_pass
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
@@ -237,8 +238,17 @@ class EncoderTrainer:
         """Accumulate the encoder's parameter gradients for `gradients` float32 [n, width]. `pending`: activations
         with their graph, or uint8 stacks [n, ...] to run the encoder on again, rows_per_pass rows at a time."""
         if pending.dtype != torch.uint8:
-            pending.backward(gradients)
+            _backward(pending, gradients)
             return
         rows = self.rows_per_pass or pending.shape[0]
         for stacks, piece in zip(pending.split(rows), gradients.split(rows), strict=True):
-            self.encoder(stacks).backward(piece)
+            _backward(self.encoder(stacks), piece)
+
+
+def _backward(activations: torch.Tensor, gradients: torch.Tensor) -> None:
+    """Backpropagate `gradients` (the loss's gradient with respect to `activations`, same shape) into the encoder.
+
+    The same parameter gradients as activations.backward(gradients): the sum's gradient is 1 and the product's
+    is then `gradients`, exactly. Passing gradients to backward() instead makes torch.autograd import
+    torch.fx's symbolic shapes, and sympy with them, to check their shape: +40 MB resident on the edge."""
+    (activations * gradients).sum().backward()
