@@ -36,13 +36,14 @@ def seconds_to_serve(checkout: Path, timeout_s: float = 60.0) -> float:
         command += ["--learner-address", f"127.0.0.1:{free_port()}", "--inference-address", f"127.0.0.1:{free_port()}"]
         command += ["--port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
         env = {**os.environ, "PYTHONPATH": str(checkout / "services")}
+        log = Path(scratch) / "edge-encoder.log"  # a file, not a pipe: a pipe nobody reads can block the edge
         started = time.monotonic()
-        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with log.open("wb") as log_file:
+            process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         try:
             while not port_file.exists():
                 if process.poll() is not None:
-                    _, stderr = process.communicate()
-                    raise RuntimeError(f"the edge-encoder of {checkout} exited: {stderr.decode()[-2000:]}")
+                    raise RuntimeError(f"the edge-encoder of {checkout} exited: {log.read_text()[-2000:]}")
                 if time.monotonic() - started > timeout_s:
                     raise RuntimeError(f"the edge-encoder of {checkout} did not serve within {timeout_s} s")
                 time.sleep(0.02)
@@ -57,6 +58,8 @@ def main() -> None:
     parser.add_argument("checkouts", nargs="+", type=Path, help="repository roots to compare (each has services/)")
     parser.add_argument("--runs", type=int, default=3, help="starts per checkout (default 3)")
     args = parser.parse_args()
+    if args.runs < 1:
+        parser.error(f"--runs must be >= 1, got {args.runs}")
     for checkout in args.checkouts:
         if not (checkout / "services" / "splitrl").is_dir():
             parser.error(f"{checkout} has no services/splitrl: not a splitrl checkout")

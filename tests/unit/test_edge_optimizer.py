@@ -13,7 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from splitrl.core.models import Encoder
 from splitrl.edge_encoder.optimizer import LeanAdam
+from splitrl.edge_encoder.training import backward_through
 
 
 def model(seed: int = 0) -> nn.Module:
@@ -78,16 +80,18 @@ def test_a_checkpoint_of_either_continues_in_the_other_bit_for_bit(saved_by):
     assert_same(writer_net, reader_net)
 
 
-def test_its_state_dict_copies_nothing_it_will_change():
+def test_a_loaded_state_shares_no_tensor_with_its_source():
     network = model()
     optimizer = LeanAdam(network.parameters(), lr=1e-2)
     train(network, optimizer, range(1))
     saved = optimizer.state_dict()
-    moment = saved["state"][0]["exp_avg"].clone()
+    before = {key: value.clone() for key, value in saved["state"][0].items()}
     fresh = LeanAdam(model().parameters(), lr=1e-2)
     fresh.load_state_dict(saved)
-    train(network, optimizer, range(1, 2))
-    assert torch.equal(fresh.state[0]["exp_avg"], moment)  # the loaded copy did not move with the original
+    train(network, optimizer, range(1, 2))  # moves the source's step and moments in place
+    for key, value in before.items():
+        assert not torch.equal(optimizer.state[0][key], value), f"{key} did not move: the check proves nothing"
+        assert torch.equal(fresh.state[0][key], value), key
 
 
 @pytest.mark.parametrize(
@@ -96,12 +100,16 @@ def test_its_state_dict_copies_nothing_it_will_change():
         ({"lr": -1.0}, "lr must be >= 0, got -1.0"),
         ({"lr": math.nan}, "lr must be >= 0, got nan"),
         ({"lr": 1e-3, "eps": -1e-8}, "eps must be >= 0, got -1e-08"),
-        ({"lr": 1e-3, "betas": (0.9, 1.0)}, r"betas must each be in \[0, 1\), got \(0.9, 1.0\)"),
+        ({"lr": 1e-3, "betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\), got \(0.9, 1.0\)"),
+        ({"lr": 1e-3, "betas": (0.9,)}, r"betas must be two numbers in \[0, 1\), got \(0.9,\)"),
     ],
 )
 def test_bad_hyperparameters_are_refused_with_the_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LeanAdam(model().parameters(), **kwargs)
+
+
+def test_no_parameters_are_refused():
     with pytest.raises(ValueError, match="at least one parameter, got none"):
         LeanAdam([], lr=1e-3)
 
@@ -115,13 +123,43 @@ def test_a_state_dict_for_other_parameters_is_refused_and_changes_nothing():
     with pytest.raises(ValueError, match="is for 2 parameters; this LeanAdam has 6"):
         optimizer.load_state_dict(smaller.state_dict())
     amsgrad = torch.optim.Adam(model().parameters(), lr=1e-2, amsgrad=True)
-    with pytest.raises(ValueError, match="no amsgrad, weight decay or maximize"):
+    with pytest.raises(ValueError, match="LeanAdam has no amsgrad; the state_dict's group uses them"):
         optimizer.load_state_dict(amsgrad.state_dict())
+    fused = {**before, "param_groups": [{**before["param_groups"][0], "fused": True, "weight_decay": 0.1}]}
+    with pytest.raises(ValueError, match="LeanAdam has no weight_decay, fused;"):
+        optimizer.load_state_dict(fused)
+    stray = {**before, "state": {**before["state"], 9: before["state"][0]}}
+    with pytest.raises(ValueError, match="state for parameter 9 is not Adam's over"):
+        optimizer.load_state_dict(stray)
+    partial = {**before, "state": {0: {"step": before["state"][0]["step"]}}}
+    with pytest.raises(ValueError, match="state for parameter 0 is not Adam's over"):
+        optimizer.load_state_dict(partial)
     two_groups = {"state": {}, "param_groups": [{"params": [0]}, {"params": [1]}]}
     with pytest.raises(ValueError, match="one parameter group, got 2"):
         optimizer.load_state_dict(two_groups)
     assert optimizer.state.keys() == before["state"].keys()
     assert optimizer.param_groups[0]["lr"] == before["param_groups"][0]["lr"] == 5e-3
+
+
+def test_backpropagating_the_product_gives_backwards_gradients_exactly():
+    """training.backward_through (the product's sum, which imports no sympy) against activations.backward(gradients)."""
+    stacks = torch.randint(0, 256, (5, 4, 36, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    gradients = torch.randn(5, 32, generator=torch.Generator().manual_seed(2))
+    encoders = []
+    for use_product in (False, True):
+        torch.manual_seed(0)
+        encoder = Encoder(4, 36, 32, "layernorm")
+        activations = encoder(stacks)
+        if use_product:
+            backward_through(activations, gradients)
+        else:
+            activations.backward(gradients)
+        encoders.append(encoder)
+    for (name, reference), product in zip(encoders[0].named_parameters(), encoders[1].parameters(), strict=True):
+        assert reference.grad is not None and reference.grad.abs().sum() > 0, name
+        assert torch.equal(reference.grad, product.grad), name
+    with pytest.raises(ValueError, match=r"gradients of shape \[5, 1\] for activations \[5, 32\]"):
+        backward_through(encoders[1](stacks), gradients[:, :1])  # the product alone would broadcast it
 
 
 def test_the_edges_training_imports_neither_dynamo_nor_sympy(tmp_path):

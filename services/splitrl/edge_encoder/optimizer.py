@@ -1,8 +1,8 @@
 """Adam for the edge's encoder, without torch.optim.Optimizer's import cost.
 
 torch.optim.Optimizer's methods are wrapped by torch._disable_dynamo, which imports torch._dynamo (and with
-it sympy and mpmath, ~800 modules) the first time one of them runs: +70 MB resident in a process that
-imports torch for ~220 MB, on an edge whose target is 300 MB (issue 18; docs/throughput/carracing-edge-memory).
+it sympy and mpmath, ~800 modules) the first time one of them runs: tens of MB resident on an edge whose
+target is 300 MB (issue 18; measured in docs/throughput/carracing-edge-memory/lean-adam.md).
 `LeanAdam` runs the same update through torch's functional Adam (`torch.optim.adam.adam`, which imports
 nothing outside torch.compile) and keeps its state in torch.optim.Adam's state_dict layout, so a checkpoint
 written by either loads into the other and the steps after it are the same, bit for bit (tests/unit/
@@ -16,6 +16,9 @@ from typing import Any
 
 import torch
 from torch.optim.adam import adam
+
+#: torch.optim.Adam options LeanAdam does not run; a state_dict whose group turns one on is refused.
+UNSUPPORTED_OPTIONS = ("amsgrad", "weight_decay", "maximize", "fused", "capturable", "differentiable")
 
 
 class LeanAdam:
@@ -36,8 +39,8 @@ class LeanAdam:
             raise ValueError(f"LeanAdam lr must be >= 0, got {lr}")
         if not eps >= 0.0:
             raise ValueError(f"LeanAdam eps must be >= 0, got {eps}")
-        if not all(0.0 <= beta < 1.0 for beta in betas):
-            raise ValueError(f"LeanAdam betas must each be in [0, 1), got {betas}")
+        if len(betas) != 2 or not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"LeanAdam betas must be two numbers in [0, 1), got {betas}")
         # torch.optim.Adam's group keys, so its load_state_dict takes this one's state_dict as its own.
         self.param_groups: list[dict[str, Any]] = [
             {
@@ -99,17 +102,21 @@ class LeanAdam:
             count = len(groups) if isinstance(groups, list) else groups
             raise ValueError(f"LeanAdam loads one parameter group, got {count}")
         (group,) = groups
-        saved_count, count = len(group["params"]), len(self.params)
+        saved_count, count = len(group.get("params", ())), len(self.params)
         if saved_count != count:
             raise ValueError(f"the state_dict is for {saved_count} parameters; this LeanAdam has {count}")
-        if group.get("amsgrad") or group.get("weight_decay") or group.get("maximize"):
-            raise ValueError("LeanAdam has no amsgrad, weight decay or maximize; the state_dict uses one of them")
+        unsupported = [key for key in UNSUPPORTED_OPTIONS if group.get(key)]
+        if unsupported:  # their steps differ from the plain single-tensor / foreach Adam this one runs
+            raise ValueError(f"LeanAdam has no {', '.join(unsupported)}; the state_dict's group uses them")
         position = {saved: i for i, saved in enumerate(group["params"])}
         state = {}
-        for saved, entry in state_dict["state"].items():
+        for saved, entry in state_dict.get("state", {}).items():
+            if saved not in position or not {"step", "exp_avg", "exp_avg_sq"} <= entry.keys():
+                raise ValueError(f"the state_dict's state for parameter {saved!r} is not Adam's over {group['params']}")
             param = self.params[position[saved]]
             state[position[saved]] = {
-                "step": entry["step"].detach().to(torch.float32, copy=True),
+                # torch.optim.Adam's step count: a scalar in the default float dtype, on the CPU
+                "step": torch.as_tensor(entry["step"]).detach().to("cpu", torch.get_default_dtype(), copy=True),
                 "exp_avg": entry["exp_avg"].detach().to(param.device, param.dtype, copy=True),
                 "exp_avg_sq": entry["exp_avg_sq"].detach().to(param.device, param.dtype, copy=True),
             }

@@ -238,17 +238,20 @@ class EncoderTrainer:
         """Accumulate the encoder's parameter gradients for `gradients` float32 [n, width]. `pending`: activations
         with their graph, or uint8 stacks [n, ...] to run the encoder on again, rows_per_pass rows at a time."""
         if pending.dtype != torch.uint8:
-            _backward(pending, gradients)
+            backward_through(pending, gradients)
             return
         rows = self.rows_per_pass or pending.shape[0]
         for stacks, piece in zip(pending.split(rows), gradients.split(rows), strict=True):
-            _backward(self.encoder(stacks), piece)
+            backward_through(self.encoder(stacks), piece)
 
 
-def _backward(activations: torch.Tensor, gradients: torch.Tensor) -> None:
+def backward_through(activations: torch.Tensor, gradients: torch.Tensor) -> None:
     """Backpropagate `gradients` (the loss's gradient with respect to `activations`, same shape) into the encoder.
 
     The same parameter gradients as activations.backward(gradients): the sum's gradient is 1 and the product's
     is then `gradients`, exactly. Passing gradients to backward() instead makes torch.autograd import
-    torch.fx's symbolic shapes, and sympy with them, to check their shape: +40 MB resident on the edge."""
+    torch.fx's symbolic shapes, and sympy with them, to check their shape (docs/throughput/carracing-edge-memory/
+    lean-adam.md); the product would broadcast a wrong shape instead, so it is checked here."""
+    if gradients.shape != activations.shape:
+        raise ValueError(f"gradients of shape {list(gradients.shape)} for activations {list(activations.shape)}")
     (activations * gradients).sum().backward()
