@@ -9,6 +9,8 @@ parse.
 
 from __future__ import annotations
 
+import asyncio
+import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -89,6 +91,12 @@ async def hosts():
             LearnerService,
             LearnerSettings(**shared, mode="split", replay_address="127.0.0.1:1", inference_address="127.0.0.1:1"),
         )
+        # Nothing may import on a server's thread while hypothesis runs: describing a lambda strategy iterates
+        # sys.modules unguarded ("dictionary changed size during iteration", a CI failure on 2026-11-27). The
+        # learner builds its trainer on its training thread (torch.optim imports torch._dynamo, ~800 modules),
+        # and the video inference imports PyAV at its first packet, so both happen here first.
+        await asyncio.wait_for(started["learner"].service.ready(), 120)
+        importlib.import_module("av")
         yield started
     finally:
         for name in ("learner", "edge", "video", "inference", "replay"):
