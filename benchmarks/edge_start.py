@@ -3,8 +3,9 @@
     python benchmarks/edge_start.py --runs 3 /path/to/old/checkout /path/to/new/checkout
 
 Each run execs `splitrl serve edge-encoder --mode split` (width 32, plaintext, a fresh checkpoint directory;
-the learner and inference addresses it dials are free loopback ports where nothing listens) with PYTHONPATH
-set to CHECKOUT/services, waits for the port file the service writes once it serves, and stops it. Checkouts
+the learner and inference addresses it dials are loopback port 1, where nothing listens) with PYTHONPATH
+set to CHECKOUT/services, waits for the port file the service writes once it serves (`splitrl up`'s own
+wait, run.launcher.wait_ready), and stops it. Checkouts
 alternate run by run, so a busy machine slows each about equally. Issue 18 asks that a killed service serve
 again within 5 s; the edge builds its encoder and optimizer before it serves, so what those import counts.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -21,32 +21,24 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from splitrl.run.launcher import Child, wait_ready
 
 
 def seconds_to_serve(checkout: Path, timeout_s: float = 60.0) -> float:
     with tempfile.TemporaryDirectory() as scratch:
-        port_file = Path(scratch) / "ports.json"
+        run_dir = Path(scratch)
+        port_file = run_dir / "ports.json"
         command = [sys.executable, "-m", "splitrl.cli.main", "serve", "edge-encoder", "--tls", "plaintext"]
         command += ["--mode", "split", "--width", "32", "--bottleneck", "layernorm", "--checkpoint-dir", scratch]
-        command += ["--learner-address", f"127.0.0.1:{free_port()}", "--inference-address", f"127.0.0.1:{free_port()}"]
+        command += ["--learner-address", "127.0.0.1:1", "--inference-address", "127.0.0.1:1"]
         command += ["--port", "0", "--metrics-port", "0", "--port-file", str(port_file)]
         env = {**os.environ, "PYTHONPATH": str(checkout / "services")}
-        log = Path(scratch) / "edge-encoder.log"  # a file, not a pipe: a pipe nobody reads can block the edge
+        (run_dir / "logs").mkdir()
         started = time.monotonic()
-        with log.open("wb") as log_file:
-            process = subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT)
+        with (run_dir / "logs" / "edge-encoder.log").open("wb") as log:  # where wait_ready quotes it from
+            process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            while not port_file.exists():
-                if process.poll() is not None:
-                    raise RuntimeError(f"the edge-encoder of {checkout} exited: {log.read_text()[-2000:]}")
-                if time.monotonic() - started > timeout_s:
-                    raise RuntimeError(f"the edge-encoder of {checkout} did not serve within {timeout_s} s")
-                time.sleep(0.02)
+            wait_ready(Child("edge-encoder", process, port_file), run_dir, timeout_s)
             return time.monotonic() - started
         finally:
             process.terminate()
