@@ -175,7 +175,8 @@ def test_the_edges_training_imports_neither_dynamo_nor_sympy(tmp_path):
         from splitrl.core.metrics import Metrics
         from splitrl.core.models import Encoder
         from splitrl.core.step_ids import pack_step_ids
-        from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
+        from splitrl.edge_encoder.observation_store import ObservationStore
+        from splitrl.edge_encoder.training import EncoderTrainer
         from splitrl.v1 import training_pb2
 
         def trainer(rows_per_pass):

@@ -1,4 +1,4 @@
-"""The edge's half of split training: the bounded observation store and the encoder's gradient steps."""
+"""The edge's half of split training: step ids and the encoder's gradient steps (the store: its own tests)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from splitrl.core import wire
-from splitrl.core.framestack import FrameRow, FrameStacker
+from splitrl.core.framestack import FrameRow
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -20,7 +20,8 @@ from splitrl.core.step_ids import (
     prefix_of,
     unpack_step_ids,
 )
-from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
+from splitrl.edge_encoder.observation_store import ObservationStore
+from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2
 
 WIDTH = 32
@@ -47,45 +48,6 @@ def make_trainer(capacity: int = 100, rows_per_pass: int = 0) -> tuple[EncoderTr
         rows_per_pass=rows_per_pass,
     )
     return trainer, metrics
-
-
-def test_store_keeps_the_newest_ids_and_reports_the_rest_missing():
-    store = ObservationStore(capacity=3)
-    data = stacks(5)
-    store.put([10, 11, 12, 13, 14], as_rows(data))
-    assert len(store) == 3
-    found, held = store.get([10, 12, 14, 99])
-    assert found == [1, 2]
-    assert held is not None and torch.equal(held, data[[2, 4]])
-    assert store.get([10, 11]) == ([], None)
-
-
-def test_store_gives_back_the_stackers_stacks_and_holds_each_frame_once():
-    """Across episode restarts and eviction, every held step comes back as the stack the stacker returned for
-    it; consecutive steps share frames, so the store holds one frame per step, not `depth`."""
-    envs, steps, capacity = 3, 40, 60
-    stacker, store = FrameStacker(envs, 4, 36, 36), ObservationStore(capacity)
-    generator = torch.Generator().manual_seed(0)
-    returned = {}
-    for step in range(steps):
-        frames = torch.randint(0, 256, (envs, 36, 36), dtype=torch.uint8, generator=generator)
-        starts = torch.rand(envs, generator=generator) < 0.1 if step else torch.ones(envs, dtype=torch.bool)
-        stacked = stacker.push(frames, starts)
-        ids = [envs * step + env for env in range(envs)]
-        store.put(ids, stacker.rows)
-        returned.update(zip(ids, stacked, strict=True))
-    asked = list(returned)
-    found, held = store.get(asked)
-    assert found == list(range(envs * steps - capacity, envs * steps)) and held is not None
-    assert all(torch.equal(stack, returned[asked[i]]) for i, stack in zip(found, held, strict=True))
-    frame_bytes = 36 * 36
-    # One [envs, 36, 36] copy per step pushed, for the steps held and the up to 3 before them they share.
-    assert store.frame_bytes() <= (capacity + 3 * envs) * frame_bytes < capacity * 4 * frame_bytes / 3
-
-
-def test_store_rejects_a_bad_capacity_with_the_value():
-    with pytest.raises(ValueError, match="-1"):
-        ObservationStore(-1)
 
 
 def test_prefixes_route_ids_and_stay_inside_int64():

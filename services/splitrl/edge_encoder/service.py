@@ -42,9 +42,10 @@ from splitrl.core.service import BackgroundLoop
 from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.learner_link import LearnerLink
+from splitrl.edge_encoder.observation_store import ObservationStore
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.edge_encoder.streams import ActStream, EnvStream, Outgoing
-from splitrl.edge_encoder.training import EncoderTrainer, ObservationStore
+from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc
 
 log = logging.getLogger(__name__)

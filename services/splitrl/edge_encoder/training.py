@@ -1,8 +1,7 @@
-"""The edge's half of split-mode training: a store of frame stacks by step id, and an encoder optimizer.
+"""The edge's half of split-mode training: the learner's gradients applied to the encoder, on stored stacks.
 
-Steps are keyed by their id (`splitrl.core.step_ids`). The store is bounded:
-an id evicted before the learner asks for it is counted
-(`splitrl_unknown_step_ids_total`) and skipped, never an error.
+Steps are keyed by their id (`splitrl.core.step_ids`); their stacks are in the
+edge's ObservationStore (edge_encoder.observation_store).
 
 Everything here is synchronous torch work; the service runs it on its single
 compute thread, so rollout forwards and training steps never interleave.
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -25,12 +23,12 @@ from torch import nn
 
 from splitrl.core import checkpoint, wire
 from splitrl.core.config import FloatCodec
-from splitrl.core.framestack import FrameRow, stack_rows
 from splitrl.core.memory import release_free_memory
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
 from splitrl.core.step_ids import unpack_step_ids
+from splitrl.edge_encoder.observation_store import ObservationStore
 from splitrl.edge_encoder.optimizer import LeanAdam
 from splitrl.v1 import training_pb2
 
@@ -40,50 +38,6 @@ log = logging.getLogger(__name__)
 #: stacks, to run again: rows_per_pass). Every optimizer step invalidates all of them (a graph saved the old
 #: weights; activations the learner saw came from them), so they are dropped then.
 MAX_PENDING = 4
-
-
-class ObservationStore:
-    """The frame stacks of the newest `capacity` steps, by step id.
-
-    Invariants: len(store) <= capacity; inserting beyond capacity evicts the oldest id. Stacks are kept as
-    rows of frames shared with the FrameStacker (core.framestack), so consecutive steps of one env share all
-    but one frame: a full store holds about `capacity` frames (9,216 B each at 96 x 96), not `capacity`
-    stacks (36,864 B each at 4 x 96 x 96).
-    """
-
-    def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"ObservationStore capacity must be >= 1, got {capacity}")
-        self.capacity = capacity
-        self._rows: OrderedDict[int, FrameRow] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def put(self, step_ids: Sequence[int], rows: Sequence[FrameRow]) -> None:
-        """Remember each step's stack, given as its row of frames (FrameStacker.rows), under its step id."""
-        for step_id, row in zip(step_ids, rows, strict=True):
-            self._rows[step_id] = row
-        while len(self._rows) > self.capacity:
-            self._rows.popitem(last=False)
-
-    def frame_bytes(self) -> int:
-        """Bytes of frame storage the store holds, each shared storage counted once (walks every step: for
-        tests and benchmarks, not the hot path)."""
-        storages = {
-            frame.untyped_storage().data_ptr(): frame.untyped_storage().nbytes()
-            for row in self._rows.values()
-            for frame in row
-        }
-        return sum(storages.values())
-
-    def get(self, step_ids: Sequence[int]) -> tuple[list[int], torch.Tensor | None]:
-        """(positions in `step_ids` the store holds, their stacks uint8 [n, depth, H, W]) — None when it holds
-        none."""
-        found = [i for i, step_id in enumerate(step_ids) if step_id in self._rows]
-        if not found:
-            return found, None
-        return found, stack_rows([self._rows[step_ids[i]] for i in found])
 
 
 def learning_rate_scale_of(message: training_pb2.EncoderGradients) -> float:
