@@ -38,7 +38,7 @@ class ObservationStore:
     rows of frames shared with the FrameStacker (core.framestack), and each frame is compressed once, when the
     first row holding it is put: the rows of later steps that share it share its bytes. A full store so holds
     about `capacity` compressed frames, not `capacity` stacks of `depth`. `get` gives back exactly the frames
-    that were put.
+    as they were when first put: a frame must not be written after it is put (FrameStacker's never are).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -47,6 +47,7 @@ class ObservationStore:
         self.capacity = capacity
         self._rows: OrderedDict[int, PackedRow] = OrderedDict()
         self._frame_shape: tuple[int, ...] | None = None  # of the first frame put; every frame must match
+        self._depth: int | None = None  # frames per row, of the first row put; every row must match
         self._compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self._decompressor = zstandard.ZstdDecompressor()
         # id(frame) -> (the frame, weakly; its bytes) for frames a later row may still share: those the stacker
@@ -58,22 +59,33 @@ class ObservationStore:
 
     def put(self, step_ids: Sequence[int], rows: Sequence[FrameRow]) -> None:
         """Remember each step's stack, given as its row of uint8 [H, W] frames (FrameStacker.rows), under its
-        step id; ValueError for a frame of another shape or dtype than the store's first."""
-        for step_id, row in zip(step_ids, rows, strict=True):
-            self._rows[step_id] = tuple(self._pack(frame) for frame in row)
+        step id. ValueError, storing none of them, for a row of another depth or a frame of another shape or
+        dtype than the store's first."""
+        if len(step_ids) != len(rows):
+            raise ValueError(f"{len(step_ids)} step ids for {len(rows)} rows")
+        if not rows:
+            return
+        depth = self._depth or len(rows[0])
+        if depth < 1 or any(len(row) != depth for row in rows):
+            raise ValueError(f"ObservationStore holds rows of {depth} frames, got {sorted({len(r) for r in rows})}")
+        shape = self._frame_shape or tuple(rows[0][0].shape)
+        packed_rows = [tuple(self._pack(frame, shape) for frame in row) for row in rows]
+        self._depth, self._frame_shape = depth, shape
+        self._rows.update(zip(step_ids, packed_rows, strict=True))
         while len(self._rows) > self.capacity:
             self._rows.popitem(last=False)
         for key in [key for key, (frame, _) in self._packed.items() if frame() is None]:
             del self._packed[key]
 
-    def _pack(self, frame: torch.Tensor) -> bytes:
+    def _pack(self, frame: torch.Tensor, shape: tuple[int, ...]) -> bytes:
+        """`frame`'s compressed bytes: those of its first put while it lives, else packed now."""
         known = self._packed.get(id(frame))
         if known is not None and known[0]() is frame:
             return known[1]
-        if frame.dtype != torch.uint8 or (self._frame_shape or frame.shape) != frame.shape:
-            expected = f"uint8 {list(self._frame_shape or frame.shape)}"
-            raise ValueError(f"ObservationStore holds {expected} frames, got {frame.dtype} {list(frame.shape)}")
-        self._frame_shape = tuple(frame.shape)
+        if frame.dtype != torch.uint8 or tuple(frame.shape) != shape:
+            raise ValueError(
+                f"ObservationStore holds uint8 {list(shape)} frames, got {frame.dtype} {list(frame.shape)}"
+            )
         # A copy of exactly the compressed size: python-zstandard allocates its output at ZSTD_compressBound
         # (~9.3 KB for a 9 KB frame) and shrinks it in place, and the heap kept each shrunk chunk's tail: a
         # store of 3,584 packed frames held 45 MB instead of 8 in a standalone test.
@@ -90,7 +102,7 @@ class ObservationStore:
         """(positions in `step_ids` the store holds, their stacks uint8 [n, depth, H, W]) — None when it holds
         none. Each distinct frame is unpacked once per call."""
         found = [i for i, step_id in enumerate(step_ids) if step_id in self._rows]
-        if not found or self._frame_shape is None:
+        if not found or self._frame_shape is None or self._depth is None:
             return found, None
         rows = [self._rows[step_ids[i]] for i in found]
         position: dict[int, int] = {}  # id(packed) -> its row in `unpacked`
@@ -103,4 +115,4 @@ class ObservationStore:
         for index, packed in enumerate(distinct):
             unpacked[index] = np.frombuffer(self._decompressor.decompress(packed), dtype=np.uint8)
         order = np.array([position[id(packed)] for row in rows for packed in row])
-        return found, torch.from_numpy(unpacked[order]).view(len(rows), len(rows[0]), *self._frame_shape)
+        return found, torch.from_numpy(unpacked[order]).view(len(rows), self._depth, *self._frame_shape)
