@@ -73,6 +73,11 @@ class LearnerService(LoopService):
         self._network = cloud_network(
             settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs)
         )
+        # Convolution weights in channels-last layout (cloud mode's encoder; the split modes' head has none):
+        # oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096, 128 rows, one
+        # thread) 20-24% faster here (128 against 160-169 ms). Checkpoints and weights sent to inference are
+        # the same numbers in either layout.
+        self._network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
         #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
         #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
         #: from serving. `run` awaits it before its first update; `ready()` lets others await it.
