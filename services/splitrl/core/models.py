@@ -106,8 +106,13 @@ class ActorCriticHead(nn.Module):
 
     def forward(self, activations: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         hidden = self.trunk(activations.float())
-        logits_or_mean = self.actor(hidden)
-        value = self.critic(hidden).squeeze(-1)
+        # The output layers run in float32 even under the learner's bfloat16 autocast (--train-precision): PPO's
+        # ratio divides these probabilities by those inference acted with in float32, and bfloat16's 8-bit
+        # mantissa would add ~0.5% noise to every logit before a single weight had moved.
+        with torch.autocast(hidden.device.type, enabled=False):
+            hidden = hidden.float()
+            logits_or_mean = self.actor(hidden)
+            value = self.critic(hidden).squeeze(-1)
         if self.action_spec.kind == "discrete":
             return Categorical(logits=logits_or_mean), value
         return Independent(Normal(logits_or_mean, self.log_std.exp()), 1), value

@@ -11,6 +11,8 @@ What a minibatch trains on depends on the mode (docs/design.md §3):
 
 from __future__ import annotations
 
+import logging
+from contextlib import AbstractContextManager
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
 
@@ -21,6 +23,8 @@ from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, linear_anneal, ppo_loss, vtrace
 from splitrl.learner.distributed import DataParallel
 from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION, LearnerSettings
+
+log = logging.getLogger(__name__)
 
 
 class EdgeTraining(Protocol):
@@ -166,6 +170,11 @@ class Trainer:
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
+        if settings.train_precision == "bfloat16" and not cpu_has_native_bfloat16():
+            log.warning(
+                "train_precision='bfloat16' on a CPU without native bfloat16 (AVX512-BF16 or AMX): torch emulates "
+                "it, and training runs slower than in float32"
+            )
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
@@ -249,7 +258,8 @@ class Trainer:
         backpropagated into fresh .grad fields."""
         s = self.settings
         advantages = (rows.advantages - rows.advantages.mean()) / (rows.advantages.std(unbiased=False) + 1e-8)
-        distribution, new_values = self.network(inputs)
+        with self._autocast():
+            distribution, new_values = self.network(inputs)
         loss = ppo_loss(
             distribution.log_prob(rows.actions),
             rows.old_log_probs,
@@ -267,6 +277,11 @@ class Trainer:
         return LossTerms(
             loss.policy.item(), loss.value.item(), loss.entropy.item(), loss.approx_kl.item(), loss.clip_fraction.item()
         )
+
+    def _autocast(self) -> AbstractContextManager[Any]:
+        """The forward pass's number format (`train_precision`); backward follows it. The network's output
+        layers stay float32 inside it (models.ActorCriticHead), so the loss sees float32 log-probabilities."""
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.train_precision == "bfloat16")
 
     def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any, ranks_trained: int) -> None:
         """Send the edges d(loss)/d(activations) of `leaf`: split returns it for the rows fetched with `ticket`;
@@ -334,3 +349,8 @@ class Trainer:
             batch.behaviour_log_probs, target_log_probs, rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
         )
         return result.pg_advantages, result.value_targets, target_log_probs
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """Whether oneDNN runs bfloat16 convolutions and matrix products natively on this CPU (AVX512-BF16 or AMX)."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
