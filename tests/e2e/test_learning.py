@@ -15,6 +15,8 @@ on until the encoder trained: cloud and split left random play at ~17-20k, split
 long tail (a CI run scored -0.72 over the last 4k of 72k, another -0.13 over the last 4k of 100k).
 And the narrow, cheap codecs of the bytes frontier:
   cloud --codec h264 (crf 23)                         leaves random play at ~8-12k; +0.92 over the last 4k of 36k;
+  cloud --train-precision bfloat16 (the learner under bfloat16 autocast)
+                                                      leaves it at ~8-12k; +0.93 over the last 4k of 36k (45 s);
   split-accumulate --width 32, int4 both ways         leaves it at ~12-16k; +0.5 to +0.7 per 4k from 20k on,
                                                       +0.58 over the last 4k of 84k (172 s);
   split --width 32 --bottleneck layernorm, int4 both ways, --encoder-epochs 1 (the encoder trains in the last
@@ -64,6 +66,7 @@ RUNS: dict[str, tuple[int, list[str]]] = {
     "split": (36_000, ["--mode", "split", "--width", "256"]),
     "split-accumulate": (100_000, ["--mode", "split-accumulate", "--width", "256"]),
     "cloud-h264": (36_000, ["--mode", "cloud", "--codec", "h264", "--width", "256"]),
+    "cloud-bfloat16": (36_000, ["--mode", "cloud", "--width", "256", "--train-precision", "bfloat16"]),
     "split-accumulate-w32-int4": (
         84_000,
         ["--mode", "split-accumulate", "--width", "32", "--activation-codec", "int4", "--gradient-codec", "int4"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.distributions import Categorical, Independent, Normal
+from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from splitrl.core.envs import CATCH_ID, make_env
 from splitrl.core.framestack import FrameStacker
@@ -123,6 +123,31 @@ def test_head_accepts_bfloat16_activations():
     distribution, values = head(torch.randn(B, 16).to(torch.bfloat16))
     assert values.dtype == torch.float32
     assert distribution.probs.shape == (B, 2)
+
+
+@pytest.mark.parametrize(
+    "spec", [ActionSpec("discrete", 3), ActionSpec("continuous", 3, (-1.0,) * 3, (1.0,) * 3)], ids=lambda s: s.kind
+)
+def test_under_bfloat16_autocast_the_output_layers_stay_float32(spec):
+    torch.manual_seed(0)
+    model = ActorCritic(ModelConfig(frame_stack=4, frame_size=96, width=4096), spec)
+    frames = stacks()
+    expected_distribution, expected_values = model(frames)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the learner's --train-precision bfloat16
+        distribution, values = model(frames)
+        hidden = model.head.trunk(model.encoder(frames))
+    assert hidden.dtype == torch.bfloat16  # the trunk and encoder did run in bfloat16 ...
+    outputs, expected = _policy_outputs(distribution), _policy_outputs(expected_distribution)
+    assert outputs.dtype == values.dtype == torch.float32  # ... the outputs did not
+    # What separates the two is the features' rounding (bfloat16 keeps 8 significant bits, ~0.4% each).
+    assert (outputs - expected).abs().max() <= 0.02 * expected.abs().max()
+    assert (values - expected_values).abs().max() <= 0.02 * expected_values.abs().max()
+    assert not torch.equal(values, expected_values)
+
+
+def _policy_outputs(distribution: Distribution) -> torch.Tensor:
+    """A discrete policy's logits, a continuous one's means."""
+    return distribution.logits if isinstance(distribution, Categorical) else distribution.base_dist.loc
 
 
 def test_actor_critic_runs_encoder_then_head():

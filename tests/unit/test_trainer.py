@@ -58,6 +58,39 @@ def test_a_cloud_update_takes_one_step_per_minibatch_of_every_epoch():
     assert any(not torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
 
 
+def test_a_bfloat16_update_computes_float32_gradients_close_to_float32s_and_steps_float32_weights():
+    data = batch(frames())
+    rows = Rows.of(data, torch.randn(CHUNKS, HORIZON), torch.randn(CHUNKS, HORIZON), torch.zeros(CHUNKS, HORIZON))
+    gradients = {}
+    for precision in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        settings = LearnerSettings(mode="cloud", tls="plaintext", train_precision=precision)
+        trainer = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+        trainer._backward(rows, rows.inputs, entropy_coef=0.01)
+        gradients[precision] = [p.grad for p in trainer.network.parameters()]
+    for exact, rounded in zip(gradients["float32"], gradients["bfloat16"], strict=True):
+        assert rounded is not None and exact is not None and rounded.dtype == torch.float32
+        cosine = torch.nn.functional.cosine_similarity(exact.flatten(), rounded.flatten(), dim=0)
+        assert cosine > 0.99, cosine
+    assert any(not torch.equal(a, b) for a, b in zip(gradients["float32"], gradients["bfloat16"], strict=True))
+    before = [p.detach().clone() for p in trainer.network.parameters()]
+    trainer.update(data, version=0)
+    assert all(p.dtype == torch.float32 for p in trainer.network.parameters())
+    assert all(state["exp_avg"].dtype == torch.float32 for state in trainer.optimizer.state.values())
+    assert all(not torch.equal(a, b) for a, b in zip(before, trainer.network.parameters(), strict=True))
+
+
+def test_bfloat16_on_a_cpu_without_it_warns_and_trains(monkeypatch, caplog):
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bfloat16", lambda: False)
+    settings = LearnerSettings(mode="cloud", tls="plaintext", train_precision="bfloat16", epochs=1, minibatches=1)
+    with caplog.at_level("WARNING", logger=trainer_module.__name__):
+        trainer = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+    assert "without native bfloat16" in caplog.text
+    assert trainer.update(batch(frames()), version=0).optimizer_steps == 1
+    with pytest.raises(ValueError, match="train_precision"):
+        LearnerSettings(mode="cloud", tls="plaintext", train_precision="float16")
+
+
 def test_the_learning_rate_is_constant_unless_annealed_to_zero_over_the_given_steps():
     rows = CHUNKS * HORIZON  # agent steps per update
     constant = Trainer(cloud_network("cloud", MODEL, SPEC), LearnerSettings(mode="cloud", tls="plaintext"))

@@ -1,0 +1,106 @@
+"""Benchmark (not a test): one learner minibatch step of cloud mode's network in each --train-precision.
+
+    python benchmarks/learner_step.py --width 4096 --frame-size 96 --rows 128 --threads 1 --repeats 12
+
+Cloud mode's learner trains the whole CarRacing network (Nature CNN, width 4,096) on one core, and in the
+throughput bench it is what bounds cloud. One step here is `Trainer.update` on one minibatch of `--rows`
+frame stacks (advantages, forward, backward, gradient clip, Adam), the learner's own code path. The
+precisions take turns in one process, so machine noise falls on both alike; the first `--warmup` steps of
+each are left out (oneDNN builds its kernels on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from typing import get_args
+
+import torch
+
+from splitrl.core.envs import action_spec_of
+from splitrl.core.models import cloud_network
+from splitrl.core.spec import ModelConfig
+from splitrl.learner.settings import LearnerSettings, PPOSettings
+from splitrl.learner.trainer import Batch, Trainer, cpu_has_native_bfloat16
+
+PRECISIONS: tuple[str, ...] = get_args(PPOSettings.model_fields["train_precision"].annotation)
+HORIZON = 32  # steps per chunk, as the CarRacing recipe's unroll_length
+
+
+def minibatch(rows: int, frame_stack: int, frame_size: int, actions: int) -> Batch:
+    """`rows` steps of random frame stacks in chunks of HORIZON, uniform behaviour policy, no episode end."""
+    if rows % HORIZON:
+        raise SystemExit(f"--rows must be a multiple of {HORIZON}, got {rows}")
+    chunks = rows // HORIZON
+    generator = torch.Generator().manual_seed(0)
+    shape = (chunks, HORIZON)
+    return Batch(
+        inputs=torch.randint(0, 256, (chunks, HORIZON + 1, frame_stack, frame_size, frame_size), dtype=torch.uint8),
+        actions=torch.randint(0, actions, shape, generator=generator),
+        behaviour_log_probs=torch.full(shape, -math.log(actions)),
+        values=torch.zeros(chunks, HORIZON + 1),
+        rewards=torch.randn(shape, generator=generator),
+        dones=torch.zeros(shape, dtype=torch.bool),
+        policy_versions=torch.zeros(shape, dtype=torch.long),
+        step_ids=torch.arange(chunks * (HORIZON + 1)).reshape(chunks, HORIZON + 1),
+        encoder_versions=torch.zeros(chunks, HORIZON + 1, dtype=torch.long),
+        weights=torch.ones(chunks),
+    )
+
+
+def trainer(precision: str, args: argparse.Namespace) -> Trainer:
+    """The learner's cloud network and trainer as `splitrl serve learner` builds them (channels-last)."""
+    settings = LearnerSettings(
+        mode="cloud", tls="plaintext", epochs=1, minibatches=1, train_precision=precision, env=args.env
+    )
+    torch.manual_seed(0)
+    model = ModelConfig(args.frame_stack, args.frame_size, args.width)
+    network = cloud_network("cloud", model, action_spec_of(args.env, {"continuous": False}))
+    network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as learner.service does
+    return Trainer(network, settings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--env", default="CarRacing-v3", help="env whose action space the head has (discrete)")
+    parser.add_argument("--width", type=int, default=4096, help="encoder width")
+    parser.add_argument("--frame-size", type=int, default=96)
+    parser.add_argument("--frame-stack", type=int, default=4)
+    parser.add_argument("--rows", type=int, default=128, help="rows per minibatch (a multiple of 32)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the learner runs with 1)")
+    parser.add_argument("--repeats", type=int, default=12, help="timed steps per precision")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per precision first")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {PRECISIONS}")
+    args = parser.parse_args()
+    precisions = args.precisions.split(",")
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise SystemExit(f"--precisions: {precision!r} is not one of {PRECISIONS}")
+    torch.set_num_threads(args.threads)
+    actions = action_spec_of(args.env, {"continuous": False}).size
+    batch = minibatch(args.rows, args.frame_stack, args.frame_size, actions)
+    trainers = {precision: trainer(precision, args) for precision in precisions}
+    timings: dict[str, list[float]] = {precision: [] for precision in precisions}
+    for repeat in range(args.warmup + args.repeats):
+        for precision, learner in trainers.items():
+            started = time.perf_counter()
+            learner.update(batch, version=0)
+            if repeat >= args.warmup:
+                timings[precision].append((time.perf_counter() - started) * 1e3)
+    print(
+        f"one minibatch step: {args.rows} rows of {args.frame_stack} x {args.frame_size} x {args.frame_size}, "
+        f"width {args.width}, {args.threads} torch thread(s), {args.repeats} steps each; "
+        f"native bfloat16 on this CPU: {cpu_has_native_bfloat16()}"
+    )
+    print(f"| precision | median ms | min ms | speed-up over {precisions[0]} |")
+    print("|---|---:|---:|---:|")
+    reference = statistics.median(timings[precisions[0]])
+    for precision, times in timings.items():
+        median = statistics.median(times)
+        print(f"| {precision} | {median:.1f} | {min(times):.1f} | {reference / median:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
