@@ -6,7 +6,8 @@ Cloud mode's learner trains the whole CarRacing network (Nature CNN, width 4,096
 throughput bench it is what bounds cloud. One step here is `Trainer.update` on one minibatch of `--rows`
 frame stacks (advantages, forward, backward, gradient clip, Adam), the learner's own code path. The
 precisions take turns in one process, so machine noise falls on both alike; the first `--warmup` steps of
-each are left out (oneDNN builds its kernels on first use).
+each are left out (oneDNN builds its kernels on first use). Advantages are GAE's: with V-trace each update
+also runs one forward pass over all its rows, in the same precision.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def minibatch(rows: int, frame_stack: int, frame_size: int, actions: int) -> Bat
     generator = torch.Generator().manual_seed(0)
     shape = (chunks, HORIZON)
     return Batch(
-        inputs=torch.randint(0, 256, (chunks, HORIZON + 1, frame_stack, frame_size, frame_size), dtype=torch.uint8),
+        inputs=torch.randint(
+            0, 256, (chunks, HORIZON + 1, frame_stack, frame_size, frame_size), dtype=torch.uint8, generator=generator
+        ),
         actions=torch.randint(0, actions, shape, generator=generator),
         behaviour_log_probs=torch.full(shape, -math.log(actions)),
         values=torch.zeros(chunks, HORIZON + 1),

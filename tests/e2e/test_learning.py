@@ -119,6 +119,8 @@ def test_mode_learns_catch(tmp_path, name):
     assert first < RANDOM_RETURN + 0.25, f"{name}: the first {WINDOW_STEPS} steps already score {first:+.2f}"
     assert_learned(name, summary["curve"], steps, loses_ground=name in LOSES_GROUND)
     assert summary["learner_updates"] > 0
+    precision = "bfloat16" if "bfloat16" in flags else "float32"
+    assert f'train_precision="{precision}"' in (run_dir / "metrics" / "learner.prom").read_text()
 
 
 @pytest.mark.timeout(900)

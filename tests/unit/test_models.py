@@ -137,6 +137,7 @@ def test_under_bfloat16_autocast_the_output_layers_stay_float32(spec):
         distribution, values = model(frames)
         hidden = model.head.trunk(model.encoder(frames))
     assert hidden.dtype == torch.bfloat16  # the trunk and encoder did run in bfloat16 ...
+    assert torch.equal(values, model.head.critic(hidden.float()).squeeze(-1))  # ... the critic in float32
     outputs, expected = _policy_outputs(distribution), _policy_outputs(expected_distribution)
     assert outputs.dtype == values.dtype == torch.float32  # ... the outputs did not
     # What separates the two is the features' rounding (bfloat16 keeps 8 significant bits, ~0.4% each).

@@ -107,7 +107,7 @@ class ActorCriticHead(nn.Module):
     def forward(self, activations: torch.Tensor) -> tuple[Distribution, torch.Tensor]:
         hidden = self.trunk(activations.float())
         # The output layers run in float32 even under the learner's bfloat16 autocast (--train-precision): PPO's
-        # ratio divides these probabilities by those inference acted with in float32, and bfloat16's 8-bit
+        # ratio divides these probabilities by those inference acted with in float32 (GAE), and bfloat16's 8-bit
         # mantissa would add ~0.5% noise to every logit before a single weight had moved.
         with torch.autocast(hidden.device.type, enabled=False):
             hidden = hidden.float()

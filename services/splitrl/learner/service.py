@@ -58,7 +58,8 @@ class LearnerService(LoopService):
         self.settings = settings
         self.metrics = metrics
         metrics.run.info(
-            {"mode": settings.mode} | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
+            {"mode": settings.mode, "train_precision": settings.train_precision}
+            | ({"codec": settings.gradient_codec} if settings.mode != "cloud" else {})
         )
         self.edges: EdgeLinks | None = None
         if settings.mode != "cloud" and settings.rank == 0:  # edges dial rank 0 only (learner.edge_relay)

@@ -280,8 +280,9 @@ class Trainer:
         )
 
     def _autocast(self) -> AbstractContextManager[Any]:
-        """The forward pass's number format (`train_precision`); backward follows it. The network's output
-        layers stay float32 inside it (models.ActorCriticHead), so the loss sees float32 log-probabilities."""
+        """The forward passes' number format (`train_precision`; the learner trains on the CPU); backward follows
+        it. The network's output layers stay float32 inside it (models.ActorCriticHead), so the loss sees
+        float32 log-probabilities."""
         return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.train_precision == "bfloat16")
 
     def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any, ranks_trained: int) -> None:
@@ -351,7 +352,8 @@ class Trainer:
             return advantages, returns, batch.behaviour_log_probs
         chunks, horizon = batch.rewards.shape
         inputs = batch.inputs.reshape(chunks * (horizon + 1), *batch.inputs.shape[2:])
-        distribution, values = self.network(inputs)
+        with self._autocast():  # the minibatches' precision, so each update's ratios start at exactly 1
+            distribution, values = self.network(inputs)
         values = values.reshape(chunks, horizon + 1)
         actions = torch.cat([batch.actions, batch.actions[:, -1:]], dim=1)  # pad: the bootstrap row has no action
         target_log_probs = distribution.log_prob(actions.reshape(chunks * (horizon + 1), *batch.actions.shape[2:]))
@@ -363,5 +365,8 @@ class Trainer:
 
 
 def cpu_has_native_bfloat16() -> bool:
-    """Whether oneDNN runs bfloat16 convolutions and matrix products natively on this CPU (AVX512-BF16 or AMX)."""
-    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX), which oneDNN's bfloat16 convolutions and
+    matrix products need to beat float32. On plain AVX512 (Cascade Lake, Ice Lake) oneDNN emulates bfloat16,
+    slower. torch has these checks only privately (torch.cpu); a torch without them answers False."""
+    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return any(bool(check()) for check in checks if check is not None)
