@@ -127,6 +127,9 @@ def test_the_training_table_compares_every_trainer_with_each_reference() -> None
     assert "| sb3-ppo | 200.0 | 0.50 | 1.00 | 0.100 | 500 | 25.0 to 4,096 frames |" in text
     assert "| stack cloud | 800.0 | 2.00 | 4.00 | 0.400 | 500 | 15.0 to 8,192 frames |" in text
     assert "sync-ppo time per agent step: env 50 us, act 20 us, update 30 us." in text
+    assert "float32" not in text
+    report.settings["train_precision"] = "bfloat16"
+    assert "trains in bfloat16 (--train-precision); SB3 in float32." in render_markdown(report)
 
 
 @pytest.mark.parametrize("size", [64, 512, 8192, 73728, 300_001])

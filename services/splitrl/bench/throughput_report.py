@@ -159,7 +159,12 @@ def _training_table(report: ThroughputReport) -> list[str]:
         f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
         f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
         f"{s['minibatches']} minibatches. Envs step {where_envs_step}."
-        + (" The stack trains every step once (--train-every-step)." if s.get("train_every_step") else ""),
+        + (" The stack trains every step once (--train-every-step)." if s.get("train_every_step") else "")
+        + (
+            " The learner (the stack's and sync-ppo's) trains in bfloat16 (--train-precision); SB3 in float32."
+            if s.get("train_precision") == "bfloat16"
+            else ""
+        ),
         "",
         "| run | env frames/s | "
         + " | ".join(f"x {name}" for name in references)
