@@ -21,10 +21,8 @@ from typing import get_args
 import torch
 
 from splitrl.core.envs import action_spec_of
-from splitrl.core.models import cloud_network
-from splitrl.core.spec import ModelConfig
 from splitrl.learner.settings import LearnerSettings, PPOSettings
-from splitrl.learner.trainer import Batch, Trainer, cpu_has_native_bfloat16
+from splitrl.learner.trainer import Batch, Trainer, cpu_has_native_bfloat16, learner_network
 
 PRECISIONS: tuple[str, ...] = get_args(PPOSettings.model_fields["train_precision"].annotation)
 HORIZON = 32  # steps per chunk, as the CarRacing recipe's unroll_length
@@ -56,13 +54,11 @@ def minibatch(rows: int, frame_stack: int, frame_size: int, actions: int) -> Bat
 def trainer(precision: str, args: argparse.Namespace) -> Trainer:
     """The learner's cloud network and trainer as `splitrl serve learner` builds them (channels-last)."""
     settings = LearnerSettings(
-        mode="cloud", tls="plaintext", epochs=1, minibatches=1, train_precision=precision, env=args.env
-    )
+        mode="cloud", tls="plaintext", epochs=1, minibatches=1, train_precision=precision, env=args.env,
+        env_kwargs={"continuous": False}, frame_stack=args.frame_stack, frame_size=args.frame_size, width=args.width,
+    )  # fmt: skip
     torch.manual_seed(0)
-    model = ModelConfig(args.frame_stack, args.frame_size, args.width)
-    network = cloud_network("cloud", model, action_spec_of(args.env, {"continuous": False}))
-    network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # as learner.service does
-    return Trainer(network, settings)
+    return Trainer(learner_network(settings), settings)
 
 
 def main() -> None:

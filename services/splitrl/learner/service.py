@@ -28,9 +28,7 @@ import torch
 
 from splitrl.core import checkpoint, trajectory, weights
 from splitrl.core.backoff import Backoff
-from splitrl.core.envs import action_spec_of
 from splitrl.core.metrics import Metrics
-from splitrl.core.models import cloud_network
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.distributed import DataParallel, weights_checksum
@@ -39,7 +37,7 @@ from splitrl.learner.edges import EdgeLinks
 from splitrl.learner.publisher import WeightsBroadcast
 from splitrl.learner.sampler import ReplaySampler, SampledChunk
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats
+from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats, learner_network
 from splitrl.replay.selectors import importance_weights
 from splitrl.v1 import training_pb2_grpc
 
@@ -71,14 +69,7 @@ class LearnerService(LoopService):
                 activation_bound=settings.activation_bound(),
             )
         torch.manual_seed(settings.seed)  # initial weights: inference builds the same from the same seed
-        self._network = cloud_network(
-            settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs)
-        )
-        # Convolution weights in channels-last layout (cloud mode's encoder; the split modes' head has none):
-        # oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096, 128 rows, one
-        # thread) 20-24% faster here (128 against 160-169 ms). Checkpoints and weights sent to inference are
-        # the same numbers in either layout.
-        self._network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
+        self._network = learner_network(settings)
         #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
         #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
         #: from serving. `run` awaits it before its first update; `ready()` lets others await it.

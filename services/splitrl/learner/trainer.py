@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from splitrl.core.envs import action_spec_of
+from splitrl.core.models import cloud_network
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, linear_anneal, ppo_loss, vtrace
 from splitrl.learner.distributed import DataParallel
@@ -362,6 +364,17 @@ class Trainer:
             batch.behaviour_log_probs, target_log_probs, rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
         )
         return result.pg_advantages, result.value_targets, target_log_probs
+
+
+def learner_network(settings: LearnerSettings) -> nn.Module:
+    """The network a learner trains in `settings.mode` (models.cloud_network), with weights from torch's global
+    seed. Convolution weights are in channels-last layout (cloud mode's encoder; the split modes' head has none):
+    oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096, 128 rows, one thread)
+    20-24% faster here (128 against 160-169 ms). Checkpoints and weights sent to inference are the same numbers
+    in either layout."""
+    network = cloud_network(settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs))
+    network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
+    return network
 
 
 def cpu_has_native_bfloat16() -> bool:
