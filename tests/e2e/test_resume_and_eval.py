@@ -69,6 +69,9 @@ def test_resume_continues_the_version_the_env_steps_and_the_curve(tmp_path):
     assert result["env_steps"] == 2400 and result["policy_version"] == learner_version(run_dir)
     assert result["episodes"] == 8 and len(result["returns"]) == 8
     assert all(-1.0 <= r <= 1.0 for r in result["returns"])
+    assert result["out_of_time"] == 0, "every Catch episode ends when its ball lands"
+    assert result["reward_threshold"] is None and result["at_threshold"] is None
+    assert "0 cut by the time limit" in evaluated.stdout
 
 
 def test_eval_of_an_h264_cloud_run_films_the_agent(tmp_path):

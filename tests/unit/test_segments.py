@@ -79,6 +79,8 @@ def scores(frames: int, deterministic: bool, mean: float, episodes: int = 20) ->
         "mean": mean,
         "iqm": mean + 1,
         "std": 10.0,
+        "out_of_time": 12 if deterministic else 3,
+        "at_threshold": 0 if deterministic else 1,
     }
 
 
@@ -89,10 +91,12 @@ def test_the_report_puts_argmax_and_sampled_scores_side_by_side(tmp_path):
     table = (tmp_path / "learning.md").read_text()
     final = "| cloud:h264 | 0 | 800 | 1.0 | 1,000 | 1.2 | 500.0 | 100 | -3.9 | -2.9 | 10.0 | 594.8 | 595.8 | 10.0 |"
     assert final in table
-    assert "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | 350.0 | 351.0 | 10.0 |" in table
+    assert "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | 350.0 | 351.0 | 10.0 | 12 / 3 | 0 / 1 |" in table
     assert (tmp_path / "learning.png").stat().st_size > 0
     argmax_only = evaluation_table_lines([result([scores(400, True, 300.0)])])
-    assert argmax_only[-1] == "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | - | - | - |"
+    assert argmax_only[-1] == "| cloud:h264 | 0 | 400 | 20 | 300.0 | 301.0 | 10.0 | - | - | - | 12 / - | 0 / - |"
+    recorded_before = {k: v for k, v in scores(400, True, 300.0).items() if k not in ("out_of_time", "at_threshold")}
+    assert evaluation_table_lines([result([recorded_before])])[-1].endswith("| - / - | - / - |")
     assert evaluation_table_lines([result([])]) == []
 
 

@@ -182,6 +182,7 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
         "curve": curve,
         "evals": [
             {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
+            | {key: e.get(key) for key in ("out_of_time", "at_threshold")}  # None: recorded before eval counted them
             | {"frames": int(e["env_steps"] * repeat), "deterministic": e.get("deterministic", True)}
             for e in evals
             if e.get("env_steps") is not None

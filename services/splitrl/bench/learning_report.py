@@ -58,18 +58,27 @@ def evaluation_table_lines(results: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "",
-        "Every evaluation on unseen episodes: the most likely action (argmax), and the policy sampling its actions.",
+        "Every evaluation on unseen episodes: the most likely action (argmax), and the policy sampling its actions; "
+        "how many episodes the time limit cut, and how many scored the env's solved return (argmax / sampled; - "
+        "where not recorded).",
         "",
-        "| row | seed | env frames | episodes | argmax: mean | IQM | std | sampled: mean | IQM | std |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| row | seed | env frames | episodes | argmax: mean | IQM | std | sampled: mean | IQM | std "
+        "| cut by time limit | at solved score |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for (row, seed, frames), played in points.items():
         episodes = next(iter(played.values()))["episodes"]
+        argmax, sampled = played.get(True), played.get(False)
         lines.append(
-            f"| {row} | {seed} | {int(frames):,} | {episodes} | {_scores(played.get(True))} "
-            f"| {_scores(played.get(False))} |"
+            f"| {row} | {seed} | {int(frames):,} | {episodes} | {_scores(argmax)} | {_scores(sampled)} "
+            f"| {_counts(argmax, sampled, 'out_of_time')} | {_counts(argmax, sampled, 'at_threshold')} |"
         )
     return lines
+
+
+def _counts(argmax: dict[str, Any] | None, sampled: dict[str, Any] | None, key: str) -> str:
+    """ "argmax / sampled" episode counts under `key` of two evaluations ("-" for one without it)."""
+    return " / ".join("-" if e is None or e.get(key) is None else str(e[key]) for e in (argmax, sampled))
 
 
 def shadow_table_lines(results: list[dict[str, Any]]) -> list[str]:

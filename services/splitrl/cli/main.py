@@ -214,11 +214,14 @@ def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         result = evaluate(args.run_dir, settings)
     except (ValueError, OSError) as error:
         parser.exit(2, f"splitrl eval: {error}\n")
+    solved = result["at_threshold"]
     print(
         f"{args.run_dir}: policy version {result['policy_version']} after {result['env_steps']} env steps, "
         f"{result['episodes']} unseen episodes ({'deterministic' if settings.deterministic else 'sampled'} actions): "
         f"mean {result['mean']:.1f}, IQM {result['iqm']:.1f}, std {result['std']:.1f}, "
-        f"min {result['min']:.1f}, max {result['max']:.1f} ({result['wall_seconds']:.0f} s)"
+        f"min {result['min']:.1f}, max {result['max']:.1f}; {result['out_of_time']} cut by the time limit"
+        + ("" if solved is None else f", {solved} at or above the env's solved score {result['reward_threshold']:g}")
+        + f" ({result['wall_seconds']:.0f} s)"
     )
     if settings.record is not None:
         print(f"recorded {settings.record}")

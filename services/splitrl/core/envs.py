@@ -4,7 +4,7 @@ Observations become uint8 grayscale [frame_size, frame_size]; an action
 repeat (splitrl.core.action_repeat) sums rewards over repeated actions; envs with a fast draw
 (splitrl.core.fast_draw) draw the same pixels faster; envs known to keep their last
 drawing canvas alive between steps let it go (ReleaseCanvas). Importing this module registers
-the fast pixel env as `splitrl/Catch-v0`.
+the fast pixel env as `splitrl/Catch-v0` and CarRacing with a throttle as `splitrl/CarRacingThrottle-v0`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
+from splitrl.core import car_actions
 from splitrl.core.action_repeat import ActionRepeat, env_class_key, registered_class_key
 from splitrl.core.fast_draw import install_fast_draw
 from splitrl.core.memory import reuse_freed_blocks
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
     gym.register(id=CATCH_ID, entry_point="splitrl.core.pixel_env:CatchEnv")
+car_actions.register()  # done by its import already; named here so this module's registrations read in one place
 
 #: Env id namespaces whose envs register only when a package is imported (gymnasium >= 1.0 does not import
 #: them itself): namespace -> (module to import, what to pip install).
@@ -108,7 +110,9 @@ UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", 
 #: Env classes ("module.QualifiedName", env_class_key) checked to draw without UNUSED_PYGAME_MODULES: CarRacing
 #: uses surfaces, gfxdraw, transform, surfarray and a font (its score), no sound and no image files. Other envs
 #: keep all of pygame.
-PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset({"gymnasium.envs.box2d.car_racing.CarRacing"})
+PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset(
+    {"gymnasium.envs.box2d.car_racing.CarRacing", "splitrl.core.car_actions.CarRacingThrottle"}
+)
 
 
 class _RefuseModules(importlib.abc.MetaPathFinder):

@@ -137,21 +137,23 @@ def evaluate_actor(
     env = _make_env(run, film=settings.record is not None)
     actor = make_actor(action_spec_from_space(env.action_space))
     recorder = Recorder(settings.record, run, env) if settings.record is not None else None
-    returns, lengths = [], []
+    returns, lengths, out_of_time = [], [], 0
     started = time.monotonic()
     try:
         for k in range(settings.episodes):
             filming = recorder is not None and k < settings.record_episodes
-            episode_return, length = play_episode(
+            episode_return, length, truncated = play_episode(
                 env, actor, EVAL_SEED_BASE + settings.seed + k, settings.deterministic, recorder if filming else None
             )
             returns.append(episode_return)
             lengths.append(length)
+            out_of_time += truncated
     finally:
         env.close()
         if recorder is not None:
             recorder.close()
     curve = run_dir_files.load_curve(run_dir)
+    threshold = _reward_threshold(run.env)
     result = {
         "env_steps": curve[-1]["env_steps"] if curve else None,
         "policy_version": actor.version,
@@ -160,11 +162,20 @@ def evaluate_actor(
         "first_seed": EVAL_SEED_BASE + settings.seed,
         **summarize(returns),
         "mean_length": float(np.mean(lengths)),
+        "out_of_time": out_of_time,
+        "reward_threshold": threshold,
+        "at_threshold": None if threshold is None else sum(r >= threshold for r in returns),
         "wall_seconds": round(time.monotonic() - started, 1),
         "returns": returns,
     }
     run_dir_files.append_eval(run_dir, result)
     return result
+
+
+def _reward_threshold(env_id: str) -> float | None:
+    """The return gymnasium's registry calls solving `env_id` (900 for CarRacing), or None."""
+    threshold = gym.spec(env_id).reward_threshold if env_id in gym.registry else None
+    return None if threshold is None else float(threshold)
 
 
 def _make_env(run: RunSettings, film: bool) -> gym.Env[Any, Any]:
@@ -180,8 +191,8 @@ def _make_env(run: RunSettings, film: bool) -> gym.Env[Any, Any]:
 
 def play_episode(
     env: gym.Env[Any, Any], agent: Actor, seed: int, deterministic: bool, recorder: Recorder | None
-) -> tuple[float, int]:
-    """(return, agent steps) of one episode reset with `seed`."""
+) -> tuple[float, int, bool]:
+    """(return, agent steps, whether the time limit cut it) of one episode reset with `seed`."""
     frame, _ = env.reset(seed=seed)
     agent.start_episode()
     total, steps, done = 0.0, 0, False
@@ -192,7 +203,7 @@ def play_episode(
         total += float(reward)
         steps += 1
         done = terminated or truncated
-    return total, steps
+    return total, steps, bool(truncated and not terminated)
 
 
 def summarize(returns: list[float]) -> dict[str, float]:
