@@ -32,11 +32,11 @@ def test_each_index_drives_exactly_as_its_row_of_continuous_controls() -> None:
     continuous.close()
 
 
-def test_the_default_table_keeps_gymnasiums_five_and_adds_throttle() -> None:
-    discrete = {0: (0.0, 0.0, 0.0), 1: (0.6, 0.0, 0.0), 2: (-0.6, 0.0, 0.0), 3: (0.0, 0.2, 0.0), 4: (0.0, 0.0, 0.8)}
-    assert {k: DEFAULT_ACTIONS[k] for k in discrete} == discrete
-    assert max(gas for _, gas, _ in DEFAULT_ACTIONS) == 1.0
-    assert any(steer != 0 and gas > 0 for steer, gas, _ in DEFAULT_ACTIONS)
+def test_the_default_table_steers_throttles_and_brakes_in_every_combination() -> None:
+    assert len(DEFAULT_ACTIONS) == len(set(DEFAULT_ACTIONS)) == 12
+    assert {steer for steer, _, _ in DEFAULT_ACTIONS} == {-1.0, 0.0, 1.0}
+    assert {(gas, brake) for _, gas, brake in DEFAULT_ACTIONS} == {(1.0, 0.2), (1.0, 0.0), (0.0, 0.2), (0.0, 0.0)}
+    assert (0.0, 0.0, 0.0) in DEFAULT_ACTIONS and (0.0, 1.0, 0.0) in DEFAULT_ACTIONS
 
 
 def test_the_stack_sees_a_discrete_env_that_takes_the_fast_paths() -> None:
@@ -70,6 +70,6 @@ def test_a_bad_table_is_refused_quoting_it(kwargs: dict[str, object], quoted: st
 def test_an_index_outside_the_table_is_refused() -> None:
     env = gym.make(ENV_ID, disable_env_checker=True)
     env.reset(seed=0)
-    with pytest.raises(ValueError, match=r"0\.\.7, got 8"):
-        env.step(8)
+    with pytest.raises(ValueError, match=r"0\.\.11, got 12"):
+        env.step(12)
     env.close()
