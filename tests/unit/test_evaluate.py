@@ -7,6 +7,7 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from splitrl.core.envs import CATCH_ID
 from splitrl.run.evaluate import _reward_threshold, play_episode
@@ -34,3 +35,30 @@ def test_the_reward_threshold_is_the_registrys() -> None:
     assert _reward_threshold("CarRacing-v3") == 900.0
     assert _reward_threshold("splitrl/CarRacingThrottle-v0") == 900.0
     assert _reward_threshold(CATCH_ID) is None
+
+
+class _SamplingActor:
+    """Draws uniformly among Catch's three actions with torch's generator, as a sampling policy does."""
+
+    version = 0
+
+    def __init__(self) -> None:
+        self.actions: list[int] = []
+
+    def start_episode(self) -> None:
+        pass
+
+    def act(self, frame: np.ndarray, deterministic: bool) -> Any:
+        self.actions.append(int(torch.multinomial(torch.ones(3), 1)))
+        return self.actions[-1]
+
+
+def test_a_sampling_policy_draws_the_same_actions_on_the_same_episode() -> None:
+    env = gym.make(CATCH_ID, grid=12)
+    first, again, other = _SamplingActor(), _SamplingActor(), _SamplingActor()
+    play_episode(env, first, seed=7, deterministic=False, recorder=None)
+    torch.rand(5)  # whatever ran in between
+    play_episode(env, again, seed=7, deterministic=False, recorder=None)
+    play_episode(env, other, seed=8, deterministic=False, recorder=None)
+    assert first.actions == again.actions and len(first.actions) == 11
+    assert other.actions != first.actions
