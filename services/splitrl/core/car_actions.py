@@ -37,9 +37,9 @@ class CarRacingThrottle(gym.ActionWrapper[Any, Any, np.ndarray]):
     """A continuous CarRacing-v3 driven by the index of a row of `actions` (Discrete(len(actions)))."""
 
     def __init__(self, actions: Sequence[Sequence[float]] = DEFAULT_ACTIONS, **car_racing_kwargs: Any) -> None:
-        if car_racing_kwargs.get("continuous", True) is not True:
-            raise ValueError(f"{ENV_ID} drives CarRacing's continuous controls; got continuous={False!r}")
-        car_racing_kwargs.pop("continuous", None)
+        continuous = car_racing_kwargs.pop("continuous", True)
+        if continuous is not True:
+            raise ValueError(f"{ENV_ID} drives CarRacing's continuous controls; got continuous={continuous!r}")
         from gymnasium.envs.box2d.car_racing import CarRacing  # imports Box2D: only once an env is made
 
         super().__init__(CarRacing(continuous=True, **car_racing_kwargs))
