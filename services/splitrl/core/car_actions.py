@@ -1,4 +1,4 @@
-"""CarRacing with discrete actions that can drive a lap in time: `splitrl/CarRacingThrottle-v0`.
+"""CarRacing with discrete actions that use the whole throttle: `splitrl/CarRacingThrottle-v0`.
 
 gymnasium's discrete CarRacing (`continuous=False`) has five actions, and its "gas" presses the throttle to 0.2
 of its travel, never while steering. A car that only ever has a fifth of its engine accelerates slowly (on a
@@ -13,6 +13,10 @@ straight or full right, no throttle or full throttle, and no brake or a light br
 categorical policy keeps what made the discrete recipe learn; the car gets the engine a continuous agent has.
 Another table comes in as env_kwargs: {"actions": [[steer, gas, brake], ...]} (steer -1 full left to +1 full
 right, gas and brake 0 to 1, as CarRacing's continuous action).
+
+Measured on the V-trace recipe at 2M frames (one seed, 100 unseen tracks): sampling its actions the policy
+scored 807.8 against the discrete env's 725.1, its most likely action 489.2 against 720.9 (it sets its speed by
+mixing throttle and coasting, which argmax cannot do); so configs/carracing.yaml keeps the discrete env.
 """
 
 from __future__ import annotations
