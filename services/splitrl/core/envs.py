@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from splitrl.core import car_actions
+from splitrl.core import car_actions  # registers splitrl/CarRacingThrottle-v0 on import
 from splitrl.core.action_repeat import ActionRepeat, env_class_key, registered_class_key
 from splitrl.core.fast_draw import install_fast_draw
 from splitrl.core.memory import reuse_freed_blocks
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 CATCH_ID = "splitrl/Catch-v0"
 if CATCH_ID not in gym.registry:
     gym.register(id=CATCH_ID, entry_point="splitrl.core.pixel_env:CatchEnv")
-car_actions.register()  # done by its import already; named here so this module's registrations read in one place
 
 #: Env id namespaces whose envs register only when a package is imported (gymnasium >= 1.0 does not import
 #: them itself): namespace -> (module to import, what to pip install).
@@ -111,7 +110,10 @@ UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", 
 #: uses surfaces, gfxdraw, transform, surfarray and a font (its score), no sound and no image files. Other envs
 #: keep all of pygame.
 PYGAME_EXTRAS_UNUSED_BY: frozenset[str] = frozenset(
-    {"gymnasium.envs.box2d.car_racing.CarRacing", "splitrl.core.car_actions.CarRacingThrottle"}
+    {
+        "gymnasium.envs.box2d.car_racing.CarRacing",
+        f"{car_actions.CarRacingThrottle.__module__}.{car_actions.CarRacingThrottle.__qualname__}",
+    }
 )
 
 
