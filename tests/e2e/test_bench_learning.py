@@ -13,9 +13,12 @@ from splitrl.run import files as run_dir_files
 pytestmark = pytest.mark.e2e
 
 
-def bench(tmp_path, frames: int, *extra: str) -> subprocess.CompletedProcess[str]:
+def bench(tmp_path, frames: int, *extra: str, lr_anneal_steps: int | None = None) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "catch.yaml"
-    config.write_text("env: splitrl/Catch-v0\nframe_size: 36\nwidth: 256\nchunks_per_update: 4\ntls: plaintext\n")
+    config.write_text(
+        "env: splitrl/Catch-v0\nframe_size: 36\nwidth: 256\nchunks_per_update: 4\ntls: plaintext\n"
+        f"lr_anneal_steps: {'null' if lr_anneal_steps is None else lr_anneal_steps}\n"
+    )
     command = [
         sys.executable, "-m", "splitrl.cli.main", "bench", "learning", "--config", str(config),
         "--rows", "cloud:frame", "--frames", str(frames), "--segment-frames", "600",
@@ -26,7 +29,7 @@ def bench(tmp_path, frames: int, *extra: str) -> subprocess.CompletedProcess[str
 
 @pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine
 def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
-    first = bench(tmp_path, 1200)
+    first = bench(tmp_path, 1200, lr_anneal_steps=1200)
     assert first.returncode == 0, first.stdout + first.stderr
     run_dir = tmp_path / "out" / "runs" / "cloud_frame_seed0"
     evals = run_dir_files.load_evals(run_dir)
@@ -41,16 +44,25 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     assert "| cloud:frame | 0 | 1,200 |" in table
     assert (tmp_path / "out" / "learning.png").stat().st_size > 0
 
-    again = bench(tmp_path, 1200)  # everything done: nothing is trained or evaluated again
+    again = bench(tmp_path, 1200, lr_anneal_steps=1200)  # everything done: nothing is trained or evaluated again
     assert again.returncode == 0 and "training to" not in again.stdout
     assert len(run_dir_files.load_evals(run_dir)) == 4
     (tmp_path / "out" / "learning.md").unlink()
-    report = bench(tmp_path, 999_999, "--report-only")  # a bigger budget, but only the report is written
+    report = bench(
+        tmp_path, 999_999, "--report-only", lr_anneal_steps=1200
+    )  # a bigger budget, but only the report is written
     assert report.returncode == 0 and "training to" not in report.stdout
     assert "| cloud:frame | 0 | 1,200 |" in (tmp_path / "out" / "learning.md").read_text()
 
-    extended = bench(tmp_path, 1800)
+    # past the recipe's learning-rate schedule every further step would train at a rate of 0: refused up front
+    refused = bench(tmp_path, 1800, lr_anneal_steps=1200)
+    assert refused.returncode == 2 and "training to" not in refused.stdout
+    assert "steps=1800 goes past lr_anneal_steps=1200" in refused.stderr
+    assert run_dir_files.load_curve(run_dir)[-1]["env_steps"] == 1200
+
+    extended = bench(tmp_path, 1800, lr_anneal_steps=1800)  # the resumed run takes the recipe's longer schedule
     assert extended.returncode == 0, extended.stdout + extended.stderr
+    assert run_dir_files.load_settings(run_dir)["lr_anneal_steps"] == 1800
     curve = run_dir_files.load_curve(run_dir)
     assert curve[-1]["env_steps"] == 1800
     assert [e["env_steps"] for e in run_dir_files.load_evals(run_dir)] == [600, 600, 1200, 1200, 1800, 1800]

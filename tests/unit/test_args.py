@@ -241,10 +241,24 @@ def test_a_missing_config_file_is_named(parser, tmp_path):
 
 
 def test_the_shipped_configs_are_valid(parser):
-    configs = sorted((Path(__file__).parents[2] / "configs").glob("*.yaml"))
+    """configs/, and the recipes whose commands docs/learning gives, stay valid as settings change."""
+    root = Path(__file__).parents[2]
+    configs = sorted((root / "configs").glob("*.yaml"))
     assert configs, "configs/ holds the per-env recipes"
-    for config in configs:
+    documented = sorted((root / "docs" / "learning").rglob("recipe.yaml"))
+    assert len(documented) >= 5, "docs/learning's reports each keep the recipe they ran"
+    for config in configs + documented:
         up_settings(parser, "--config", str(config))
+
+
+def test_a_rule_across_fields_is_reported_in_its_own_words(parser):
+    """A model validator's error names no single field: its message is the report (not an IndexError)."""
+    with pytest.raises(ValueError, match=r"steps=1000 goes past lr_anneal_steps=500: the learning rate is 0"):
+        up_settings(parser, "--steps", "1000", "--lr-anneal-steps", "500")
+    with pytest.raises(ValueError, match=r"invalid settings:\n  chunks_per_update=3 must divide among learners=2$"):
+        up_settings(parser, "--chunks-per-update", "3", "--learners", "2")
+    assert up_settings(parser, "--steps", "500", "--lr-anneal-steps", "500").steps == 500
+    assert up_settings(parser, "--steps", "1000", "--entropy-anneal-steps", "500").steps == 1000  # a bonus may end
 
 
 SERVICE_PACKAGES = {"replay", "inference", "learner", "edge_encoder", "environment"}

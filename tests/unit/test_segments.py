@@ -116,3 +116,24 @@ def test_the_frame_budget_defaults_to_the_recipes_own_length(tmp_path):
     with pytest.raises(ValueError, match="sets no steps: give --frames"):
         repeat_and_frames(LearningBenchSettings(config=recipe))
     assert repeat_and_frames(LearningBenchSettings(config=recipe, frames=800)) == (1, 800)
+
+
+def test_a_budget_past_the_recipes_learning_rate_schedule_is_refused_before_anything_trains(tmp_path, capsys):
+    """Frames past the recipe's lr_anneal_steps would train at a rate of 0; a resumed run takes the recipe's
+    schedules, so a copy with longer ones goes on from the same runs."""
+    from splitrl.bench.learning import run_learning_bench, schedule_of
+    from splitrl.bench.settings import LearningBenchSettings
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("env: CarRacing-v3\naction_repeat: 4\nsteps: 300\nlr_anneal_steps: 300\n")
+    too_far = LearningBenchSettings(config=recipe, frames=1204, out=tmp_path / "out")
+    assert run_learning_bench(too_far) == 2
+    refusal = capsys.readouterr().err
+    assert "--frames 1,204 is 301 agent steps at the recipe's action repeat 4" in refusal
+    assert "steps=301 goes past lr_anneal_steps=300" in refusal
+    assert not (tmp_path / "out").exists()
+    assert schedule_of(too_far) == {"lr_anneal_steps": 300}
+    recipe.write_text("env: CarRacing-v3\nlr_anneal_steps: 400\nentropy_anneal_steps: 400\n")
+    assert schedule_of(too_far) == {"lr_anneal_steps": 400, "entropy_anneal_steps": 400}
+    recipe.write_text("env: CarRacing-v3\nlr_anneal_steps: null\n")  # null: the run keeps its own
+    assert schedule_of(too_far) == {}

@@ -23,7 +23,7 @@ from typing import Any
 from splitrl.bench.learning_report import write_learning_report
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings, row_flags
-from splitrl.core.args import load_config, to_argv
+from splitrl.core.args import load_config, to_argv, validate_settings
 from splitrl.run import files as run_dir_files
 from splitrl.run.summary import mean_return_between
 
@@ -54,13 +54,42 @@ def repeat_and_frames(settings: LearningBenchSettings) -> tuple[int, int]:
     from splitrl.run.settings import RunSettings
 
     values = load_config(settings.config, RunSettings)
-    recipe = RunSettings.model_validate(values)
-    repeat = int(recipe.action_repeat)
-    if settings.frames is not None:
-        return repeat, settings.frames
-    if "steps" not in values:
+    if settings.frames is None and "steps" not in values:
         raise ValueError(f"{settings.config} sets no steps: give --frames")
-    return repeat, recipe.steps * repeat
+    # steps 1 where the recipe sets none: the bench gives the length, and check_recipe_covers holds it to the recipe
+    recipe = validate_settings(RunSettings, {**values, "steps": values.get("steps", 1)})
+    repeat = int(recipe.action_repeat)
+    return repeat, recipe.steps * repeat if settings.frames is None else settings.frames
+
+
+#: The recipe's fields a resumed run takes from the recipe rather than from its own settings.json: schedules are
+#: drawn over the budget, so going on to a larger --frames takes a recipe whose schedules reach it.
+SCHEDULE_FIELDS = ("lr_anneal_steps", "entropy_anneal_steps")
+
+
+def check_recipe_covers(settings: LearningBenchSettings, budget: Budget, repeat: int, frames: int) -> None:
+    """ValueError, before anything trains, if the recipe cannot run to the budget (e.g. its learning rate reaches
+    0 before the last frame), with what to change."""
+    from splitrl.run.settings import RunSettings
+
+    steps = budget.total_steps
+    try:
+        validate_settings(RunSettings, {**load_config(settings.config, RunSettings), "steps": steps})
+    except ValueError as error:
+        raise ValueError(
+            f"--frames {frames:,} is {steps:,} agent steps at the recipe's action repeat {repeat}, and "
+            f"{settings.config} cannot run that far: {error}\n(in a copy of the recipe with larger lr_anneal_steps and "
+            "entropy_anneal_steps, the same --out goes on from its runs' checkpoints: a resumed run takes the "
+            "recipe's schedules)"
+        ) from None
+
+
+def schedule_of(settings: LearningBenchSettings) -> dict[str, Any]:
+    """The recipe's own SCHEDULE_FIELDS values (those it sets to a number; a null leaves the run's own)."""
+    from splitrl.run.settings import RunSettings
+
+    values = load_config(settings.config, RunSettings)
+    return {field: values[field] for field in SCHEDULE_FIELDS if values.get(field) is not None}
 
 
 def _budget(settings: LearningBenchSettings, repeat: int, frames: int) -> Budget:
@@ -83,7 +112,8 @@ def train(settings: LearningBenchSettings, budget: Budget, repeat: int, row: Row
 
     def train_to(_: dict[str, float], target: int) -> None:
         if (run_dir / run_dir_files.SETTINGS_FILE).exists():
-            command = _splitrl("up", "--resume", str(run_dir), "--steps", str(target))
+            flags = {**schedule_of(settings), "steps": target}
+            command = _splitrl("up", "--resume", str(run_dir), *to_argv(flags))
         else:
             flags = {**row.up_flags(), "seed": seed, "steps": target, "run_dir": run_dir}
             command = _splitrl("up", "--config", str(settings.config), *to_argv(flags))
@@ -98,7 +128,9 @@ def train_reference(settings: LearningBenchSettings, budget: Budget, seed: int, 
     from splitrl.bench.sb3_reference import train_sb3
     from splitrl.run.settings import RunSettings
 
-    recipe = RunSettings.model_validate({**load_config(settings.config, RunSettings), "seed": seed})
+    recipe = validate_settings(
+        RunSettings, {**load_config(settings.config, RunSettings), "seed": seed, "steps": budget.total_steps}
+    )
     train_sb3(run_dir, recipe, budget)
 
 
@@ -112,10 +144,12 @@ def run_learning_bench(settings: LearningBenchSettings) -> int:
     """Train (or resume) every row x seed, then write the table and figure; returns a process exit code."""
     try:
         repeat, frames = repeat_and_frames(settings)
+        budget = _budget(settings, repeat, frames)
+        if not settings.report_only:
+            check_recipe_covers(settings, budget, repeat, frames)
     except ValueError as error:
         print(f"splitrl bench learning: {error}", file=sys.stderr)
         return 2
-    budget = _budget(settings, repeat, frames)
     rows = [Row(spec) for spec in settings.rows]
     print(
         f"learning bench: {len(rows)} rows{' + sb3-ppo' if settings.sb3_reference else ''} x "

@@ -153,11 +153,17 @@ def validate_settings(model: type[M], values: Mapping[str, Any]) -> M:
     try:
         return model.model_validate(values)
     except ValidationError as error:
-        problems = [
-            f"{flag_name(str(e['loc'][0]))} / {env_name(str(e['loc'][0]))}: {e['msg']} (got {e.get('input')!r})"
-            for e in error.errors()
-        ]
+        problems = [_problem(e) for e in error.errors()]
         raise ValueError("invalid settings:\n  " + "\n  ".join(problems)) from None
+
+
+def _problem(error: Any) -> str:
+    """One validation error as a line: the field's flag and variable with the value given, or, for a rule across
+    fields (a model validator, whose error has no field), its message alone, which names the fields itself."""
+    if not error["loc"]:
+        return str(error["msg"]).removeprefix("Value error, ")
+    field = str(error["loc"][0])
+    return f"{flag_name(field)} / {env_name(field)}: {error['msg']} (got {error.get('input')!r})"
 
 
 def settings_from_args(

@@ -99,6 +99,19 @@ class RunSettings(
             )
         return self
 
+    @model_validator(mode="after")
+    def _steps_within_the_learning_rate_schedule(self) -> RunSettings:
+        """A run that goes on past its annealed learning rate's end takes steps at a rate of 0: refused, since a
+        longer --steps given alone (a resumed run) would otherwise train nothing past the old end."""
+        if self.lr_anneal_steps is not None and self.steps > self.lr_anneal_steps:
+            raise ValueError(
+                f"steps={self.steps} goes past lr_anneal_steps={self.lr_anneal_steps}: the learning rate is 0 once "
+                f"{self.lr_anneal_steps} steps are trained, so the steps after them would train nothing. To train "
+                "further, raise --lr-anneal-steps with --steps (and --entropy-anneal-steps): the rate then resumes "
+                "from the longer line's value at the steps already trained"
+            )
+        return self
+
 
 #: The groups a run shares with services (RunSettings' bases): `plan` copies exactly these fields to each service
 #: that has the group.
