@@ -1,13 +1,15 @@
 """Benchmark (not a test): the split edge-encoder's resident memory through a `splitrl up` run, per checkout.
 
     python benchmarks/edge_memory.py --runs 2 /path/to/old/checkout /path/to/new/checkout
+    python benchmarks/edge_memory.py --runs 3 --also-with "--encoder-precision bfloat16" .
 
 Each run is `splitrl up` at the CarRacing recipe's split (configs/carracing.yaml with the flags of README's
 split rows, `--steps` agent steps, 8,000 by default), with PYTHONPATH set to CHECKOUT/services, from inside
 CHECKOUT. Every 2 s it reads the edge-encoder's /proc/PID/status (VmRSS, VmHWM) and /proc/PID/smaps
 (resident MB of the heap, of other anonymous mappings and of file-backed ones). Printed per run: the median,
 min and max of VmRSS over the run's second half, the peak (VmHWM), the last reading, and the three parts'
-medians. Checkouts alternate run by run. Issue 18 asks ≤ 300 MB for the edge-encoder.
+medians. Checkouts alternate run by run; with `--also-with FLAGS` each checkout also runs with those flags
+added, in turn with its plain run. Issue 18 asks ≤ 300 MB for the edge-encoder.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -57,11 +60,11 @@ def parts_mib(pid: int) -> tuple[float, float, float] | None:
     return parts["heap"] / 1024, parts["anonymous"] / 1024, parts["file"] / 1024
 
 
-def measure(checkout: Path, steps: int) -> str:
-    """One `splitrl up` run from `checkout`; one line of figures."""
+def measure(checkout: Path, steps: int, extra_flags: list[str]) -> str:
+    """One `splitrl up` run from `checkout` with `extra_flags` after the split's; one line of figures."""
     with tempfile.TemporaryDirectory() as scratch:
         run_dir = Path(scratch) / "run"
-        command = [sys.executable, "-m", "splitrl.cli.main", "up", *SPLIT_FLAGS, "--steps", str(steps)]
+        command = [sys.executable, "-m", "splitrl.cli.main", "up", *SPLIT_FLAGS, *extra_flags, "--steps", str(steps)]
         env = {**os.environ, "PYTHONPATH": str(checkout / "services")}
         with (Path(scratch) / "up.log").open("wb") as log:
             up = subprocess.Popen(
@@ -87,8 +90,8 @@ def measure(checkout: Path, steps: int) -> str:
     half, half_parts = rss[len(rss) // 2 :], parts[len(parts) // 2 :]
     heap, anonymous, filed = (statistics.median(part[i] for part in half_parts) for i in range(3))
     return (
-        f"{checkout}: VmRSS second half median {statistics.median(half):.0f}, min {min(half):.0f}, "
-        f"max {max(half):.0f}; peak {peak:.0f}; last {rss[-1]:.0f} MiB; medians: heap {heap:.0f}, "
+        f"{' '.join([str(checkout), *extra_flags])}: VmRSS second half median {statistics.median(half):.0f}, "
+        f"min {min(half):.0f}, max {max(half):.0f}; peak {peak:.0f}; last {rss[-1]:.0f} MiB; medians: heap {heap:.0f}, "
         f"other anonymous {anonymous:.0f}, file-backed {filed:.0f} MiB ({len(rss)} readings)"
     )
 
@@ -98,15 +101,23 @@ def main() -> None:
     parser.add_argument("checkouts", nargs="+", type=Path, help="repository roots to compare (each has services/)")
     parser.add_argument("--runs", type=int, default=2, help="runs per checkout (default 2)")
     parser.add_argument("--steps", type=int, default=8000, help="agent steps per run (default 8,000)")
+    parser.add_argument(
+        "--also-with",
+        default="",
+        metavar="FLAGS",
+        help='run each checkout with these `splitrl up` flags too, e.g. "--encoder-precision bfloat16"',
+    )
     args = parser.parse_args()
     if args.runs < 1 or args.steps < 1:
         parser.error(f"--runs and --steps must be >= 1, got {args.runs} and {args.steps}")
     for checkout in args.checkouts:
         if not (checkout / "services" / "splitrl").is_dir():
             parser.error(f"{checkout} has no services/splitrl: not a splitrl checkout")
+    variants = [[]] + ([shlex.split(args.also_with)] if args.also_with else [])
     for _ in range(args.runs):
         for checkout in args.checkouts:
-            print(measure(checkout.resolve(), args.steps), flush=True)
+            for extra_flags in variants:
+                print(measure(checkout.resolve(), args.steps, extra_flags), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ from typing import get_args
 import torch
 
 from splitrl.core.envs import action_spec_of
+from splitrl.core.precision import cpu_has_native_bfloat16
 from splitrl.learner.settings import LearnerSettings, PPOSettings
-from splitrl.learner.trainer import Batch, Trainer, cpu_has_native_bfloat16, learner_network
+from splitrl.learner.trainer import Batch, Trainer, learner_network
 
 PRECISIONS: tuple[str, ...] = get_args(PPOSettings.model_fields["train_precision"].annotation)
 HORIZON = 32  # steps per chunk, as the CarRacing recipe's unroll_length

@@ -6,7 +6,9 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from splitrl.core import precision as precision_module
 from splitrl.core import wire
+from splitrl.core.config import Precision
 from splitrl.core.framestack import FrameRow
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
@@ -21,6 +23,7 @@ from splitrl.core.step_ids import (
     unpack_step_ids,
 )
 from splitrl.edge_encoder.observation_store import ObservationStore
+from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2
 
@@ -36,7 +39,9 @@ def as_rows(stacked: torch.Tensor) -> list[FrameRow]:
     return [tuple(stack.unbind()) for stack in stacked]
 
 
-def make_trainer(capacity: int = 100, rows_per_pass: int = 0) -> tuple[EncoderTrainer, Metrics]:
+def make_trainer(
+    capacity: int = 100, rows_per_pass: int = 0, precision: Precision = "float32"
+) -> tuple[EncoderTrainer, Metrics]:
     torch.manual_seed(0)
     metrics = Metrics(CollectorRegistry())
     trainer = EncoderTrainer(
@@ -46,6 +51,7 @@ def make_trainer(capacity: int = 100, rows_per_pass: int = 0) -> tuple[EncoderTr
         learning_rate=1e-3,
         max_grad_norm=0.5,
         rows_per_pass=rows_per_pass,
+        precision=precision,
     )
     return trainer, metrics
 
@@ -149,10 +155,12 @@ def test_a_learning_rate_scale_outside_0_1_is_refused_with_the_value(scale):
     assert trainer.version == 0 and trainer.optimizer.param_groups[0]["lr"] == 1e-3
 
 
-def train_once(rows_per_pass: int, accumulate: bool) -> tuple[EncoderTrainer, torch.Tensor, list[tuple[int, bool]]]:
+def train_once(
+    rows_per_pass: int, accumulate: bool, precision: Precision = "float32"
+) -> tuple[EncoderTrainer, torch.Tensor, list[tuple[int, bool]]]:
     """One split (or split-accumulate) step over 5 stored rows; returns the trainer, the activations it sent (split)
     and each encoder forward pass as (rows, with a graph)."""
-    trainer, _ = make_trainer(rows_per_pass=rows_per_pass)
+    trainer, _ = make_trainer(rows_per_pass=rows_per_pass, precision=precision)
     passes: list[tuple[int, bool]] = []
     trainer.encoder.register_forward_hook(
         lambda _m, inputs, _o: passes.append((inputs[0].shape[0], torch.is_grad_enabled()))
@@ -185,6 +193,51 @@ def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_th
         (2, True),
         (1, True),
     ]
+
+
+def flat_gradients(trainer: EncoderTrainer) -> torch.Tensor:
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in trainer.encoder.parameters())
+    return torch.cat([p.grad.flatten() for p in trainer.encoder.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
+def test_a_bfloat16_encoder_sends_and_trains_close_to_float32_with_float32_weights_and_state(accumulate):
+    exact, exact_sent, _ = train_once(0, accumulate)
+    rounded, rounded_sent, _ = train_once(0, accumulate, precision="bfloat16")
+    if not accumulate:  # the activations it sent: as the codec sent float32's, within bfloat16's rounding
+        assert not torch.equal(exact_sent, rounded_sent)
+        assert (rounded_sent - exact_sent).norm() / exact_sent.norm() < 0.02
+    cosine = torch.nn.functional.cosine_similarity(flat_gradients(exact), flat_gradients(rounded), dim=0)
+    assert 0.97 < cosine < 1, cosine  # rounded (not float32 passes), and still the same direction
+    assert all(p.dtype == torch.float32 for p in rounded.encoder.parameters())
+    assert all(state["exp_avg"].dtype == torch.float32 for state in rounded.optimizer.state.values())
+
+
+def test_a_bfloat16_encoder_acts_in_float32_activations_close_to_float32s():
+    batch = stacks(6, seed=5)
+    exact = make_trainer()[0].encode(batch)
+    rounded = make_trainer(precision="bfloat16")[0].encode(batch)
+    assert rounded.dtype == torch.float32 and rounded.shape == (6, WIDTH) and not rounded.requires_grad
+    assert not torch.equal(exact, rounded) and (rounded - exact).norm() / exact.norm() < 0.02
+
+
+def test_a_bfloat16_encoder_on_a_cpu_without_it_warns(monkeypatch, caplog):
+    monkeypatch.setattr(precision_module, "cpu_has_native_bfloat16", lambda: False)
+    with caplog.at_level("WARNING"):
+        make_trainer(precision="bfloat16")
+    assert "encoder_precision='bfloat16' on a CPU without native bfloat16" in caplog.text
+
+
+def test_an_encoder_precision_other_than_float32_or_bfloat16_is_refused_with_the_value():
+    with pytest.raises(ValueError, match=r"(?s)encoder_precision.*input_value=.float16"):
+        EdgeEncoderSettings(tls="plaintext", encoder_precision="float16")
+
+
+def test_each_step_counts_its_rows_float_inputs_towards_the_next_heap_trim():
+    trainer, _ = make_trainer()
+    trainer.store.put([1, 2], as_rows(stacks(2)))
+    trainer.apply(accumulate_gradients(None))
+    assert trainer._freed.pending_bytes == 2 * 4 * (4 * 36 * 36)  # 2 rows of 4 x 36 x 36 float32, under 8 MiB
 
 
 def test_a_negative_rows_per_pass_is_refused_with_the_value():

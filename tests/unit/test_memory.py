@@ -6,6 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from splitrl.core import memory
+from splitrl.core.memory import FreedMemory
+
 #: In a fresh process with glibc's heap pinned (no mmap for these sizes, no trimming by free() itself), free
 #: 400 buffers of 300 KB lying between 400 kept ones of 70 KB: the edge's pattern (stacks freed, frames kept).
 #: Their 117 MB stay resident until trimmed. Prints resident MiB before and after release_free_memory().
@@ -75,3 +80,25 @@ def test_a_block_freed_at_every_step_is_reused_not_faulted_back_in():
     # Each draw faults ~1,560 pages (6.4 MB) back in with glibc's defaults; reused, only the first does.
     assert int(default_faults) > 20_000, default_faults
     assert int(reused_faults) < 4_000, reused_faults
+
+
+def test_freed_memory_trims_once_the_counted_bytes_reach_the_threshold(monkeypatch):
+    trims: list[int] = []
+    monkeypatch.setattr(memory, "release_free_memory", lambda: trims.append(1) or True)
+    freed = FreedMemory(threshold=10)
+    assert [freed.freed(4), freed.freed(4), freed.freed(4), freed.freed(9), freed.freed(1)] == [
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
+    assert len(trims) == 2 and freed.pending_bytes == 0
+    every_step = FreedMemory(threshold=0)
+    assert every_step.freed(0) and len(trims) == 3
+
+
+@pytest.mark.parametrize("call", [lambda: FreedMemory(threshold=-1), lambda: FreedMemory().freed(-5)])
+def test_freed_memory_refuses_negative_bytes_with_the_value(call):
+    with pytest.raises(ValueError, match="got -"):
+        call()

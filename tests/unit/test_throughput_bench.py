@@ -171,6 +171,11 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert "gRPC WAN" not in text
     report.links.append(LinkResult("grpc-wan", 512, 120, 1.0))
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 | 120 | 1.20 |" in render_markdown(report)
+    assert text.startswith("### Throughput: E, 8 envs, 800 env steps per run, torch threads 1\n")
+    report.settings |= {"train_precision": "float32", "encoder_precision": "bfloat16"}
+    assert render_markdown(report).startswith(
+        "### Throughput: E, 8 envs, 800 env steps per run, torch threads 1, split edge encoder in bfloat16\n"
+    )
 
 
 def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_load(tmp_path):

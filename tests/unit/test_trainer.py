@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from splitrl.core import precision as precision_module
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner import trainer as trainer_module
@@ -84,7 +85,7 @@ def test_a_bfloat16_update_computes_float32_gradients_close_to_float32s_and_step
 
 
 def test_bfloat16_on_a_cpu_without_it_warns_and_trains(monkeypatch, caplog):
-    monkeypatch.setattr(trainer_module, "cpu_has_native_bfloat16", lambda: False)
+    monkeypatch.setattr(precision_module, "cpu_has_native_bfloat16", lambda: False)
     settings = LearnerSettings(mode="cloud", tls="plaintext", train_precision="bfloat16", epochs=1, minibatches=1)
     with caplog.at_level("WARNING", logger=trainer_module.__name__):
         trainer = Trainer(cloud_network("cloud", MODEL, SPEC), settings)

@@ -108,7 +108,7 @@ def render_markdown(report: ThroughputReport) -> str:
     base = report.baseline_steps_per_s
     lines = [
         f"### Throughput: {s['env']}, {s['num_envs']} envs, {s['steps']:,} env steps per run, "
-        f"torch threads {s['torch_threads']}",
+        f"torch threads {s['torch_threads']}" + "".join(f", {who} in bfloat16" for who in _in_bfloat16(s)),
         "",
         "| run | env steps/s | x baseline | overhead us/env step | mean batch | policy lag mean / max<= | updates |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -230,7 +230,7 @@ def _edge_table(report: ThroughputReport) -> list[str]:
         return []
     lines = _per_mode_header(
         report,
-        "The edge's own costs: resident memory at the end of the run (MB) / CPU ms per env step:",
+        "The edge's own costs: resident memory at the end of the run (MiB) / CPU ms per env step:",
         "edge process",
     )
     for service in EDGE_SERVICES:
@@ -312,3 +312,10 @@ def _profile_table(report: ThroughputReport) -> list[str]:
             busiest = ", ".join(f"{function} {share:.0%}" for function, share in profile.top[:4])
             lines.append(f"| {r.mode} | {name} | {profile.samples:,} | {profile.waiting_share:.0%} | {busiest} |")
     return lines
+
+
+def _in_bfloat16(settings: dict[str, Any]) -> list[str]:
+    """Which of the stack's torch passes run in bfloat16 in a bench of `settings` (--train-precision: the
+    learner's; --encoder-precision: the split edge's encoder), for the report's title."""
+    flags = (("learner", "train_precision"), ("split edge encoder", "encoder_precision"))
+    return [who for who, flag in flags if settings.get(flag) == "bfloat16"]

@@ -32,6 +32,9 @@ ObservationCodec = Literal["frame", "frame+zstd", "h264", "stack-bf16"]
 #: How a float tensor (activations, gradients) crosses a link: bfloat16, int8, int4 or float8 (e4m3) with one
 #: float32 scale per row, each optionally zstd-compressed (splitrl.core.wire.encode_float).
 FloatCodec = Literal["bf16", "int8", "int4", "fp8", "bf16+zstd", "int8+zstd", "int4+zstd", "fp8+zstd"]
+#: The number format of a process's torch passes: float32, or bfloat16 under torch's CPU autocast
+#: (splitrl.core.precision).
+Precision = Literal["float32", "bfloat16"]
 
 
 def split_addresses(addresses: str) -> list[str]:

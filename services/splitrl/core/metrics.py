@@ -102,7 +102,8 @@ class Metrics:
         ProcessCollector(registry=registry)
         self.run = Info(
             "splitrl_run",
-            "The training mode (and, where it applies, the observation codec; the learner's train_precision) of "
+            "The training mode (and, where it applies, the observation codec; the learner's train_precision; the split "
+            "edge's encoder_precision) of "
             "the run this service is part of. "
             "Set by the services that have a mode (edge-encoder, inference, learner; the others export it "
             "without labels), so that rules can label WAN traffic by mode.",

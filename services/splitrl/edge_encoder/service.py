@@ -61,7 +61,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.settings = settings
         self.metrics = metrics
         wan_codec = settings.codec if settings.mode == "cloud" else settings.activation_codec
-        metrics.run.info({"mode": settings.mode, "codec": wan_codec})
+        metrics.run.info(
+            {"mode": settings.mode, "codec": wan_codec}
+            | ({"encoder_precision": settings.encoder_precision} if settings.mode != "cloud" else {})
+        )
         self.env_meter = LinkMeter(metrics, "env-encoder")
         self.wan_meter = LinkMeter(metrics, "encoder-inference")
         self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
@@ -89,6 +92,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             checkpoint_path=None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt",
             checkpoint_every=settings.checkpoint_every,
             rows_per_pass=settings.encoder_rows_per_pass,
+            precision=settings.encoder_precision,
         )
         link = LearnerLink(
             settings.learner_address,
@@ -285,8 +289,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         assert self.trainer is not None, "activations are encoded in the split modes only"
         self.trainer.store.put(step_ids, rows)
         self.metrics.observation_store_size.set(len(self.trainer.store))
-        with torch.no_grad():
-            activations = self.trainer.encoder(stacks)
+        activations = self.trainer.encode(stacks)
         return wire.encode_float(activations, self.settings.activation_codec), self.trainer.version
 
 

@@ -4,7 +4,9 @@ Steps are keyed by their id (`splitrl.core.step_ids`); their stacks are in the
 edge's ObservationStore (edge_encoder.observation_store).
 
 Everything here is synchronous torch work; the service runs it on its single
-compute thread, so rollout forwards and training steps never interleave.
+compute thread, so rollout forwards and training steps never interleave. Every
+encoder pass runs in the trainer's `precision` (core.precision): acting and
+training see the same encoder.
 
 With a checkpoint path the trainer saves encoder, optimizer and encoder version
 every `checkpoint_every` optimizer steps and at shutdown (atomically,
@@ -15,6 +17,7 @@ the encoder the learner trained instead of going back to its seed weights.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from pathlib import Path
 
@@ -22,8 +25,9 @@ import torch
 from torch import nn
 
 from splitrl.core import checkpoint, wire
-from splitrl.core.config import FloatCodec
-from splitrl.core.memory import release_free_memory
+from splitrl.core import precision as precision_module
+from splitrl.core.config import FloatCodec, Precision
+from splitrl.core.memory import FreedMemory
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
@@ -65,12 +69,14 @@ class EncoderTrainer:
         checkpoint_path: Path | None = None,
         checkpoint_every: int = 0,
         rows_per_pass: int = 0,
+        precision: Precision = "float32",
     ) -> None:
         """`checkpoint_path`: restore from it if it exists; save to it every `checkpoint_every` steps (0: only
         when `save_checkpoint` is called). `rows_per_pass`: 0 keeps a split request's graph from its activations
         to its gradients and runs split-accumulate's rows in one pass; N > 0 runs the encoder with a graph
         over N rows at a time only (split: the activations are sent without one and recomputed when the
-        gradients come), so training's memory is bounded by N rows for one more forward pass per row."""
+        gradients come), so training's memory is bounded by N rows for one more forward pass per row.
+        `precision`: the number format of every encoder pass (EncoderTrainingSettings.encoder_precision)."""
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         if rows_per_pass < 0:
@@ -84,6 +90,9 @@ class EncoderTrainer:
         self.optimizer = LeanAdam(encoder.parameters(), lr=learning_rate, eps=1e-5)  # torch.optim.Adam's steps
         self.version = 0
         self.rows_per_pass = rows_per_pass
+        self.precision: Precision = precision
+        precision_module.warn_if_emulated(precision, "encoder_precision", log)
+        self._freed = FreedMemory()  # each optimizer step's inputs, activations and gradients
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
         self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
@@ -128,10 +137,10 @@ class EncoderTrainer:
             rows = torch.zeros((0, self.encoder.width))
         elif self.rows_per_pass:
             with torch.no_grad():
-                rows = torch.cat([self.encoder(piece) for piece in stacks.split(self.rows_per_pass)])
+                rows = torch.cat([self._forward(piece) for piece in stacks.split(self.rows_per_pass)])
             self._keep(request.request_id, stacks)
         else:
-            rows = self.encoder(stacks)
+            rows = self._forward(stacks)
             self._keep(request.request_id, rows)
         return training_pb2.Activations(
             request_id=request.request_id,
@@ -169,7 +178,9 @@ class EncoderTrainer:
                 group["lr"] = learning_rate
             self.optimizer.step()
             self._pending.clear()  # made with the old weights: backpropagating them now would be wrong
-            release_free_memory()  # the step's inputs, activations and gradients (backward freed them; glibc keeps)
+            # What the step's inputs, activations and gradients took is free now, kept by glibc: counted by the
+            # size of the rows' float32 inputs.
+            self._freed.freed(pending.shape[0] * 4 * math.prod(self.encoder.input_shape))
             self.version += 1
             self.metrics.encoder_updates.inc()
             self.metrics.encoder_version.set(self.version)
@@ -196,7 +207,18 @@ class EncoderTrainer:
             return
         rows = self.rows_per_pass or pending.shape[0]
         for stacks, piece in zip(pending.split(rows), gradients.split(rows), strict=True):
-            backward_through(self.encoder(stacks), piece)
+            backward_through(self._forward(stacks), piece)
+
+    def encode(self, stacks: torch.Tensor) -> torch.Tensor:
+        """Acting: activations float32 [B, width] of uint8 stacks [B, ...], without a graph."""
+        with torch.no_grad():
+            return self._forward(stacks)
+
+    def _forward(self, stacks: torch.Tensor) -> torch.Tensor:
+        """The encoder on `stacks` in `precision` (a graph unless grad is off), as float32 [B, width]: the codecs
+        and the learner's gradients are float32, and the backward pass follows the forward's precision."""
+        with precision_module.autocast(self.precision):
+            return self.encoder(stacks).float()
 
 
 def backward_through(activations: torch.Tensor, gradients: torch.Tensor) -> None:

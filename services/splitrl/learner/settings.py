@@ -12,6 +12,7 @@ from splitrl.core.config import (
     AddressList,
     EnvSettings,
     ModeSettings,
+    Precision,
     SeedSettings,
     ServerSettings,
     Settings,
@@ -60,7 +61,7 @@ class PPOSettings(Settings):
     )
     value_coef: float = Field(0.5, ge=0, description="Weight of the value loss.")
     max_grad_norm: float = Field(0.5, gt=0, description="Gradient norm clip.")
-    train_precision: Literal["float32", "bfloat16"] = Field(
+    train_precision: Precision = Field(
         "float32",
         description="Number format of the learner's forward and backward passes. bfloat16: convolutions and "
         "matrix products in bfloat16 under torch's CPU autocast, the policy's and value's output layers, the "

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from splitrl.core import precision
 from splitrl.core.envs import action_spec_of
 from splitrl.core.models import cloud_network
 from splitrl.core.trajectory import TrajectoryTensors
@@ -173,11 +174,7 @@ class Trainer:
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
-        if settings.train_precision == "bfloat16" and not cpu_has_native_bfloat16():
-            log.warning(
-                "train_precision='bfloat16' on a CPU without native bfloat16 (AVX512-BF16 or AMX): torch emulates "
-                "it, and training runs slower than in float32"
-            )
+        precision.warn_if_emulated(settings.train_precision, "train_precision", log)
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
@@ -285,7 +282,7 @@ class Trainer:
         """The forward passes' number format (`train_precision`; the learner trains on the CPU); backward follows
         it. The network's output layers stay float32 inside it (models.ActorCriticHead), so the loss sees
         float32 log-probabilities."""
-        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.settings.train_precision == "bfloat16")
+        return precision.autocast(self.settings.train_precision)
 
     def _send_encoder_gradients(self, rows: Rows, leaf: torch.Tensor, ticket: Any, ranks_trained: int) -> None:
         """Send the edges d(loss)/d(activations) of `leaf`: split returns it for the rows fetched with `ticket`;
@@ -375,11 +372,3 @@ def learner_network(settings: LearnerSettings) -> nn.Module:
     network = cloud_network(settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs))
     network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
     return network
-
-
-def cpu_has_native_bfloat16() -> bool:
-    """Whether this CPU has bfloat16 instructions (AVX512-BF16 or AMX), which oneDNN's bfloat16 convolutions and
-    matrix products need to beat float32. On plain AVX512 (Cascade Lake, Ice Lake) oneDNN emulates bfloat16,
-    slower. torch has these checks only privately (torch.cpu); a torch without them answers False."""
-    checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return any(bool(check()) for check in checks if check is not None)
