@@ -6,7 +6,7 @@
 Each run is `splitrl up` at the CarRacing recipe's split (configs/carracing.yaml with the flags of README's
 split rows, `--steps` agent steps, 8,000 by default), with PYTHONPATH set to CHECKOUT/services, from inside
 CHECKOUT. Every 2 s it reads the edge-encoder's /proc/PID/status (VmRSS, VmHWM) and /proc/PID/smaps
-(resident MB of the heap, of other anonymous mappings and of file-backed ones). Printed per run: the median,
+(resident MiB of the heap, of other anonymous mappings and of file-backed ones). Printed per run: the median,
 min and max of VmRSS over the run's second half, the peak (VmHWM), the last reading, and the three parts'
 medians. Checkouts alternate run by run; with `--also-with FLAGS` each checkout also runs with those flags
 added, in turn with its plain run. Issue 18 asks ≤ 300 MB for the edge-encoder.
@@ -105,7 +105,8 @@ def main() -> None:
         "--also-with",
         default="",
         metavar="FLAGS",
-        help='run each checkout with these `splitrl up` flags too, e.g. "--encoder-precision bfloat16"',
+        help='run each checkout with these `splitrl up` flags too, e.g. "--encoder-precision bfloat16" (a single '
+        "flag with no space: --also-with=--encoder-precision=bfloat16)",
     )
     args = parser.parse_args()
     if args.runs < 1 or args.steps < 1:

@@ -19,11 +19,13 @@ def test_encoder_step_times_each_precision_and_refuses_bad_arguments() -> None:
     small = ["--frame-size", "36", "--act-rows", "2", "--train-rows", "8", "--repeats", "2", "--warmup", "1"]
     timed = subprocess.run([sys.executable, str(SCRIPT), *small], capture_output=True, text=True, timeout=100)
     assert timed.returncode == 0, timed.stdout + timed.stderr
-    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in timed.stdout.splitlines() if "| f" in line}
-    rows |= {line.split("|")[1].strip(): line.split("|")[2:-1] for line in timed.stdout.splitlines() if "| b" in line}
-    assert list(rows) == ["float32", "bfloat16"], timed.stdout
+    table = [line for line in timed.stdout.splitlines() if line.startswith(("| float32", "| bfloat16"))]
+    lines = [line.split("|")[1:-1] for line in table]
+    rows = {cells[0].strip(): cells[1:] for cells in lines}
+    assert list(rows) == ["float32", "bfloat16"], timed.stdout  # in the order of --precisions
     assert all(float(row[0]) > 0 and float(row[1]) > 0 for row in rows.values()), timed.stdout
-    assert rows["float32"][2].strip() == "1.00 / 1.00", timed.stdout
+    acting, training = (float(ratio) for ratio in rows["bfloat16"][2].split("/"))
+    assert acting > 0 and training > 0, timed.stdout  # each against the float32 row's medians
     error = float(timed.stdout.rsplit("relative L2 error ", 1)[1])
     assert 0 < error < 0.02, timed.stdout  # bfloat16 rounds (not float32 passes), by less than int4's 1/16
 

@@ -213,6 +213,15 @@ def test_a_bfloat16_encoder_sends_and_trains_close_to_float32_with_float32_weigh
     assert all(state["exp_avg"].dtype == torch.float32 for state in rounded.optimizer.state.values())
 
 
+@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
+def test_a_bfloat16_encoder_in_passes_of_a_few_rows_sends_and_steps_as_in_one_pass(accumulate):
+    whole, whole_sent, _ = train_once(0, accumulate, precision="bfloat16")
+    pieces, pieces_sent, _ = train_once(2, accumulate, precision="bfloat16")
+    assert pieces_sent.dtype == torch.float32 and torch.allclose(whole_sent, pieces_sent, rtol=1e-2, atol=1e-2)
+    cosine = torch.nn.functional.cosine_similarity(flat_gradients(whole), flat_gradients(pieces), dim=0)
+    assert cosine > 0.99, cosine
+
+
 def test_a_bfloat16_encoder_acts_in_float32_activations_close_to_float32s():
     batch = stacks(6, seed=5)
     exact = make_trainer()[0].encode(batch)

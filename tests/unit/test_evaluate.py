@@ -3,14 +3,19 @@ score gymnasium's registry calls the env solved."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import pytest
 import torch
 
-from splitrl.core.envs import CATCH_ID
-from splitrl.run.evaluate import _reward_threshold, play_episode
+from splitrl.core import checkpoint, precision, wire
+from splitrl.core.envs import CATCH_ID, action_spec_of
+from splitrl.core.models import cloud_network
+from splitrl.run.evaluate import Agent, _reward_threshold, play_episode
+from splitrl.run.settings import RunSettings
 
 
 class _StayActor:
@@ -62,3 +67,29 @@ def test_a_sampling_policy_draws_the_same_actions_on_the_same_episode() -> None:
     play_episode(env, other, seed=8, deterministic=False, recorder=None)
     assert first.actions == again.actions and len(first.actions) == 11
     assert other.actions != first.actions
+
+
+@pytest.mark.parametrize("encoder_precision", ["float32", "bfloat16"])
+def test_a_split_agent_runs_its_encoder_in_the_precision_the_edge_acted_in(tmp_path: Path, encoder_precision):
+    sizes = {"width": 32, "frame_size": 36, "activation_codec": "bf16"}
+    run = RunSettings(env=CATCH_ID, mode="split", encoder_precision=encoder_precision, **sizes)
+    spec = action_spec_of(run.env, run.env_kwargs)
+    torch.manual_seed(0)
+    encoder, head = run.network_config().encoder().eval(), cloud_network("split", run.network_config(), spec).eval()
+    checkpoint.save({"version": 3, "network": head.state_dict()}, tmp_path / "checkpoints" / "learner.pt")
+    checkpoint.save({"encoder": encoder.state_dict()}, tmp_path / "checkpoints" / "edge-encoder" / "encoder.pt")
+    frame = np.random.default_rng(0).integers(0, 256, (36, 36), dtype=np.uint8)
+    agent = Agent(tmp_path, run, spec)
+    agent.start_episode()
+    played = agent.probabilities(frame)
+
+    def probabilities_in(encoder_pass: str) -> np.ndarray:
+        stacks = torch.from_numpy(frame)[None, None].expand(1, run.frame_stack, 36, 36)  # the first frame, repeated
+        with torch.no_grad():
+            activations = precision.forward_in(encoder_pass, encoder, stacks)  # type: ignore[arg-type]
+            sent = wire.decode_float(wire.encode_float(activations, "bf16"))
+            return head(sent)[0].probs[0].numpy()
+
+    assert np.array_equal(played, probabilities_in(encoder_precision))
+    other = "float32" if encoder_precision == "bfloat16" else "bfloat16"
+    assert not np.array_equal(played, probabilities_in(other))

@@ -165,17 +165,17 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert "| stack split-accumulate | 800.0 | **0.80** | 250 | 8.0 | 1.50 / 3 | 4 |" in text
     assert "| edge-inference | 2.00 / 1.50 / 9.00 |" in text
     assert "| learner | 0.50 |" in text  # 0.6 CPU s over 1.2 wall s
-    assert "| environment | 98 / 0.50 |" in text  # 98 MB; 0.5 CPU s over 1,000 env steps
+    assert "| environment | 98 / 0.50 |" in text  # 98 MiB; 0.5 CPU s over 1,000 env steps
     assert "| edge-encoder | - |" in text
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text
     assert "gRPC WAN" not in text
     report.links.append(LinkResult("grpc-wan", 512, 120, 1.0))
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 | 120 | 1.20 |" in render_markdown(report)
-    assert text.startswith("### Throughput: E, 8 envs, 800 env steps per run, torch threads 1\n")
-    report.settings |= {"train_precision": "float32", "encoder_precision": "bfloat16"}
-    assert render_markdown(report).startswith(
-        "### Throughput: E, 8 envs, 800 env steps per run, torch threads 1, split edge encoder in bfloat16\n"
-    )
+    report.settings |= {"train_precision": "float32", "encoder_precision": "bfloat16", "modes": ["cloud"]}
+    title = "### Throughput: E, 8 envs, 800 env steps per run, torch threads 1"
+    assert render_markdown(report).startswith(title + "\n")  # no split mode ran: no edge encoder to name
+    report.settings["modes"] = ["cloud", "split-accumulate"]
+    assert render_markdown(report).startswith(title + ", split edge encoder in bfloat16\n")
 
 
 def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_load(tmp_path):

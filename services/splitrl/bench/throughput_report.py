@@ -316,6 +316,10 @@ def _profile_table(report: ThroughputReport) -> list[str]:
 
 def _in_bfloat16(settings: dict[str, Any]) -> list[str]:
     """Which of the stack's torch passes run in bfloat16 in a bench of `settings` (--train-precision: the
-    learner's; --encoder-precision: the split edge's encoder), for the report's title."""
-    flags = (("learner", "train_precision"), ("split edge encoder", "encoder_precision"))
-    return [who for who, flag in flags if settings.get(flag) == "bfloat16"]
+    learner's; --encoder-precision: the split edge's encoder, named only when a split mode ran), for the report's
+    title."""
+    in_bfloat16 = ["learner"] if settings.get("train_precision") == "bfloat16" else []
+    split_ran = any(mode != "cloud" for mode in settings.get("modes", ()))
+    if split_ran and settings.get("encoder_precision") == "bfloat16":
+        in_bfloat16.append("split edge encoder")
+    return in_bfloat16

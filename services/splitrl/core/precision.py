@@ -4,9 +4,9 @@ Two places train or act in bfloat16 when asked, each with its own setting: the l
 (`--train-precision`: its forward and backward passes) and the split edge's encoder
 (`--encoder-precision`: its acting forwards and its training's forward and backward). Under autocast,
 convolutions and matrix products run in bfloat16 while weights, their gradients and optimizer state stay
-float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) that is 1.3-2x as fast
-(docs/throughput/carracing-bf16/, docs/throughput/edge-bf16/); on one without, oneDNN emulates it, slower
-than float32, so asking for it there logs a warning.
+float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) a training step is 1.4-1.9x as fast
+(docs/throughput/carracing-bf16/, docs/throughput/edge-bf16/; the edge's small acting batches gain little);
+on one without, oneDNN emulates it, slower than float32, so asking for it there logs a warning.
 """
 
 from __future__ import annotations
@@ -28,14 +28,15 @@ def cpu_has_native_bfloat16() -> bool:
     return any(bool(check()) for check in checks if check is not None)
 
 
-def warn_if_emulated(precision: Precision, setting: str, log: logging.Logger) -> None:
-    """Log a warning naming `setting` (e.g. "train_precision") when `precision` is bfloat16 and this CPU would
-    emulate it (cpu_has_native_bfloat16)."""
+def warn_if_emulated(precision: Precision, setting: str, passes: str, log: logging.Logger) -> None:
+    """Log a warning naming `setting` (e.g. "train_precision") and whose `passes` it sets (e.g. "the learner's")
+    when `precision` is bfloat16 and this CPU would emulate it (cpu_has_native_bfloat16)."""
     if precision == "bfloat16" and not cpu_has_native_bfloat16():
         log.warning(
-            "%s='bfloat16' on a CPU without native bfloat16 (AVX512-BF16 or AMX): torch emulates it, and these "
+            "%s='bfloat16' on a CPU without native bfloat16 (AVX512-BF16 or AMX): torch emulates it, and %s "
             "passes run slower than in float32",
             setting,
+            passes,
         )
 
 
@@ -43,3 +44,10 @@ def autocast(precision: Precision) -> AbstractContextManager[Any]:
     """The context the CPU passes run in for `precision`: torch's bfloat16 autocast, or nothing for float32.
     Backward passes follow the precision their forward ran in."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bfloat16")
+
+
+def forward_in(precision: Precision, module: torch.nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+    """`module(inputs)` in `precision`, as float32 (a graph unless grad is off): what codecs and losses take.
+    The split edge's encoder runs this way when it acts and trains, and `splitrl eval` replays it so."""
+    with autocast(precision):
+        return module(inputs).float()  # type: ignore[no-any-return]

@@ -31,11 +31,11 @@ class EncoderTrainingSettings(Settings):
     encoder_precision: Precision = Field(
         "float32",
         description="Number format of the split edge's encoder: its acting forwards and its training's forward and "
-        "backward passes. bfloat16: convolutions and matrix products in bfloat16 under torch's CPU autocast; "
-        "activations reach the codec, and weights, gradients and Adam's state stay, in float32. On a CPU with "
-        "native bfloat16 (AVX512-BF16 or AMX) a CarRacing training step of 64 rows is ~2x as fast and acting "
-        "~1.3x (docs/throughput/edge-bf16/); on one without, slower than float32 (the edge logs a warning). "
-        "Cloud mode has no edge encoder.",
+        "backward passes (and `splitrl eval`'s replay of it). bfloat16: convolutions and matrix products in "
+        "bfloat16 under torch's CPU autocast; the activations sent to the codec, the weights, their gradients "
+        "and Adam's state are float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) a CarRacing training "
+        "step of 64 rows is ~1.9x as fast and acting 0.9-1.1x (docs/throughput/edge-bf16/); on one without, "
+        "slower than float32 (the edge logs a warning). Cloud mode has no edge encoder.",
     )
     encoder_rows_per_pass: int = Field(
         0,

@@ -25,11 +25,11 @@ import torch
 from torch import nn
 
 from splitrl.core import checkpoint, wire
-from splitrl.core import precision as precision_module
 from splitrl.core.config import FloatCodec, Precision
 from splitrl.core.memory import FreedMemory
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
+from splitrl.core.precision import forward_in, warn_if_emulated
 from splitrl.core.rpc import BadRequest
 from splitrl.core.step_ids import unpack_step_ids
 from splitrl.edge_encoder.observation_store import ObservationStore
@@ -91,7 +91,7 @@ class EncoderTrainer:
         self.version = 0
         self.rows_per_pass = rows_per_pass
         self.precision: Precision = precision
-        precision_module.warn_if_emulated(precision, "encoder_precision", log)
+        warn_if_emulated(precision, "encoder_precision", "the edge encoder's", log)
         self._freed = FreedMemory()  # each optimizer step's inputs, activations and gradients
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
         self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
@@ -217,8 +217,7 @@ class EncoderTrainer:
     def _forward(self, stacks: torch.Tensor) -> torch.Tensor:
         """The encoder on `stacks` in `precision` (a graph unless grad is off), as float32 [B, width]: the codecs
         and the learner's gradients are float32, and the backward pass follows the forward's precision."""
-        with precision_module.autocast(self.precision):
-            return self.encoder(stacks).float()
+        return forward_in(self.precision, self.encoder, stacks)
 
 
 def backward_through(activations: torch.Tensor, gradients: torch.Tensor) -> None:

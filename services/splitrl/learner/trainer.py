@@ -174,7 +174,7 @@ class Trainer:
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
-        precision.warn_if_emulated(settings.train_precision, "train_precision", log)
+        precision.warn_if_emulated(settings.train_precision, "train_precision", "the learner's", log)
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it

@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from splitrl.core import checkpoint, wire
+from splitrl.core import checkpoint, precision, wire
 from splitrl.core.envs import action_spec_from_space, make_env
 from splitrl.core.framestack import FrameStacker
 from splitrl.core.models import Encoder, cloud_network
@@ -88,7 +88,8 @@ class Agent:
         inputs = stacks
         if self.encoder is not None:
             codec = self.run.activation_codec
-            inputs = wire.decode_float(wire.encode_float(self.encoder(stacks), codec), expect_shape=[1, None])
+            activations = precision.forward_in(self.run.encoder_precision, self.encoder, stacks)  # as the edge acts
+            inputs = wire.decode_float(wire.encode_float(activations, codec), expect_shape=[1, None])
         distribution, _ = self.network(inputs)
         return distribution
 
