@@ -19,31 +19,28 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import get_args
 
 import torch
 from prometheus_client import CollectorRegistry
 
 from splitrl.core import wire
+from splitrl.core.config import Precision
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
-from splitrl.core.precision import cpu_has_native_bfloat16
+from splitrl.core.precision import PRECISIONS, cpu_has_native_bfloat16, precisions_of
 from splitrl.core.step_ids import pack_step_ids
 from splitrl.edge_encoder.observation_store import ObservationStore
-from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2
 
-PRECISIONS: tuple[str, ...] = get_args(EncoderTrainingSettings.model_fields["encoder_precision"].annotation)
 
-
-def edge_trainer(precision: str, args: argparse.Namespace, steps: int) -> EncoderTrainer:
+def edge_trainer(precision: Precision, args: argparse.Namespace, steps: int) -> EncoderTrainer:
     """An EncoderTrainer as the edge builds it, with `steps` random stacks stored under ids 0..steps-1."""
     torch.manual_seed(0)
     encoder = Encoder(args.frame_stack, args.frame_size, args.width, args.bottleneck).eval()
     trainer = EncoderTrainer(
         encoder, ObservationStore(steps), Metrics(CollectorRegistry()), learning_rate=2.5e-4, max_grad_norm=0.5,
-        precision=precision,  # type: ignore[arg-type]  # checked against PRECISIONS in main
+        precision=precision,
     )  # fmt: skip
     generator = torch.Generator().manual_seed(1)
     shape = (args.frame_size, args.frame_size)
@@ -76,10 +73,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed repeats per precision first")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {PRECISIONS}")
     args = parser.parse_args()
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        if precision not in PRECISIONS:
-            raise SystemExit(f"--precisions: {precision!r} is not one of {PRECISIONS}")
+    try:
+        precisions = precisions_of(args.precisions)
+    except ValueError as error:
+        raise SystemExit(f"--precisions: {error}") from None
     if min(args.act_rows, args.train_rows, args.repeats) < 1 or args.warmup < 0:
         raise SystemExit(
             f"--act-rows, --train-rows and --repeats must be >= 1 and --warmup >= 0, got {args.act_rows}, "

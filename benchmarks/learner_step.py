@@ -16,16 +16,15 @@ import argparse
 import math
 import statistics
 import time
-from typing import get_args
 
 import torch
 
+from splitrl.core.config import Precision
 from splitrl.core.envs import action_spec_of
-from splitrl.core.precision import cpu_has_native_bfloat16
-from splitrl.learner.settings import LearnerSettings, PPOSettings
+from splitrl.core.precision import PRECISIONS, cpu_has_native_bfloat16, precisions_of
+from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, Trainer, learner_network
 
-PRECISIONS: tuple[str, ...] = get_args(PPOSettings.model_fields["train_precision"].annotation)
 HORIZON = 32  # steps per chunk, as the CarRacing recipe's unroll_length
 
 
@@ -52,7 +51,7 @@ def minibatch(rows: int, frame_stack: int, frame_size: int, actions: int) -> Bat
     )
 
 
-def trainer(precision: str, args: argparse.Namespace) -> Trainer:
+def trainer(precision: Precision, args: argparse.Namespace) -> Trainer:
     """The learner's cloud network and trainer as `splitrl serve learner` builds them (channels-last)."""
     settings = LearnerSettings(
         mode="cloud", tls="plaintext", epochs=1, minibatches=1, train_precision=precision, env=args.env,
@@ -74,10 +73,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per precision first")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {PRECISIONS}")
     args = parser.parse_args()
-    precisions = args.precisions.split(",")
-    for precision in precisions:
-        if precision not in PRECISIONS:
-            raise SystemExit(f"--precisions: {precision!r} is not one of {PRECISIONS}")
+    try:
+        precisions = precisions_of(args.precisions)
+    except ValueError as error:
+        raise SystemExit(f"--precisions: {error}") from None
     torch.set_num_threads(args.threads)
     actions = action_spec_of(args.env, {"continuous": False}).size
     batch = minibatch(args.rows, args.frame_stack, args.frame_size, actions)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import logging
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, cast, get_args
 
 import torch
 
 from splitrl.core.config import Precision
+
+#: Every Precision, float32 first.
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 def cpu_has_native_bfloat16() -> bool:
@@ -26,6 +29,16 @@ def cpu_has_native_bfloat16() -> bool:
     slower. torch has these checks only privately (torch.cpu); a torch without them answers False."""
     checks = (getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
     return any(bool(check()) for check in checks if check is not None)
+
+
+def precisions_of(text: str) -> list[Precision]:
+    """The comma-separated precisions in `text`, in order ("float32,bfloat16"); ValueError quoting one that is
+    not one of PRECISIONS. For the benchmarks' --precisions."""
+    precisions = text.split(",")
+    for name in precisions:
+        if name not in PRECISIONS:
+            raise ValueError(f"{name!r} is not one of {PRECISIONS}")
+    return cast(list[Precision], precisions)
 
 
 def warn_if_emulated(precision: Precision, setting: str, passes: str, log: logging.Logger) -> None:
