@@ -146,6 +146,7 @@ def _run_example(script: str, directory: Path) -> tuple[int, str]:
         ["report", "--help"],
         ["bench", "learning", "--help"],
         ["bench", "network", "--help"],
+        ["pretrain-encoder", "--help"],
         ["serve", "environment", "--help"],
     ],
 )
@@ -174,6 +175,23 @@ def test_readmes_up_commands_name_flags_and_values_up_takes(monkeypatch):
     for command in commands:
         args = build_parser().parse_args(shlex.split(command)[1:])
         validate_settings(RunSettings, given_values(RunSettings, args, environ={}))  # ValueError names the field
+
+
+def test_readmes_pretrain_commands_name_flags_and_values_they_take(monkeypatch):
+    """Every `splitrl pretrain-encoder` command README gives parses and validates with its recipe's share, and
+    the file it writes is the one README's `--encoder-init` then reads."""
+    from splitrl.cli.main import build_parser
+    from splitrl.core.args import settings_from_args
+    from splitrl.run.plan import recipe_values
+    from splitrl.run.settings import PretrainSettings
+
+    monkeypatch.chdir(REPO)
+    commands = commands_starting("splitrl pretrain-encoder", inline=False)
+    assert commands
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        settings = settings_from_args(PretrainSettings, args, environ={}, read_config=recipe_values)
+        assert any(f"--encoder-init {settings.out}" in up for up in commands_starting("splitrl up", inline=False))
 
 
 def test_readmes_bench_commands_name_flags_and_values_the_benches_take():

@@ -3,38 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from splitrl.core.config import EnvSettings, FloatCodec, Mode, ObservationCodec, SeedSettings, Settings
+from splitrl.core.config import (
+    CommaList,
+    CommaListOrEmpty,
+    EnvSettings,
+    FloatCodec,
+    Mode,
+    ObservationCodec,
+    SeedSettings,
+    Settings,
+)
 from splitrl.core.spec import Bottleneck
 from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
 from splitrl.learner.settings import PPOSettings
 
-T = TypeVar("T")
 #: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.
 RETURN_TOLERANCE = 0.1
-
-
-def _split_commas(value: Any) -> Any:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
-
-
-def _not_empty(value: list[Any]) -> list[Any]:
-    if not value:
-        raise ValueError("needs at least one entry")
-    return value
-
-
-#: A list given as "a,b,c" on the command line (or as a list); at least one entry.
-CommaList = Annotated[list[T], BeforeValidator(_split_commas), AfterValidator(_not_empty)]
-#: The same, where "" (no entry) means something.
-CommaListOrEmpty = Annotated[list[T], BeforeValidator(_split_commas)]
 
 
 class NetworkBenchSettings(EnvSettings, Settings):

@@ -1,6 +1,7 @@
 """`splitrl`: run one service (`serve SERVICE`), train locally (`up`, `up --resume RUN_DIR`), play a trained
 agent (`eval RUN_DIR`), redraw a run's plot (`plot RUN_DIR`), benchmark
-(`bench network|framing|learning|throughput|replicas`) or report on runs (`report RUN_DIR...`)."""
+(`bench network|framing|learning|throughput|replicas`), report on runs (`report RUN_DIR...`) or pretrain a split
+edge's encoder (`pretrain-encoder`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import contextlib
 import faulthandler
 import io
 import json
+import logging
 import os
 import signal
 import sys
@@ -50,7 +52,7 @@ def build_parser(serving: str | None = None) -> argparse.ArgumentParser:
 
 def _add_commands(commands: Any) -> None:
     """Every command but `serve`."""
-    from splitrl.run.settings import EvalSettings, RunSettings
+    from splitrl.run.settings import EvalSettings, PretrainSettings, RunSettings
 
     up = commands.add_parser(
         "up",
@@ -73,6 +75,13 @@ def _add_commands(commands: Any) -> None:
     )
     evaluate.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="A directory `splitrl up` wrote.")
     add_settings_arguments(evaluate, EvalSettings)
+    pretrain = commands.add_parser(
+        "pretrain-encoder",
+        help="Train a split edge's encoder alone on the edge (an autoencoder of random-policy frames): --encoder-init.",
+        description=PretrainSettings.__doc__,
+    )
+    add_settings_arguments(pretrain, PretrainSettings)
+    add_config_argument(pretrain, "Run recipe (the file `splitrl up --config` takes): its env, shapes and seed")
     plot = commands.add_parser(
         "plot",
         help="Redraw RUN_DIR/learning.png from RUN_DIR/summary.json.",
@@ -231,6 +240,26 @@ def _eval(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrain(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from splitrl.edge_encoder.pretrained import quality
+    from splitrl.run.plan import recipe_values
+    from splitrl.run.pretrain import pretrain_encoder
+    from splitrl.run.settings import PretrainSettings
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")  # the steps' progress
+    try:
+        settings = settings_from_args(PretrainSettings, args, read_config=recipe_values)
+        result = pretrain_encoder(settings)
+    except (ValueError, OSError) as error:
+        parser.exit(2, f"splitrl pretrain-encoder: {error}\n")
+    print(
+        f"wrote {settings.out}: {result.steps} Adam steps in {result.seconds:.0f} s on {result.stacks} frame stacks "
+        f"of a random policy; reconstruction MSE on the last {result.held_out} (held out) {result.held_out_mse:.5f} "
+        f"against {result.mean_predictor_mse:.5f} for the training stacks' mean ({quality(result):.0%} of it removed)"
+    )
+    return 0
+
+
 def _bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.bench.framing import run_framing_bench
     from splitrl.bench.learning import run_learning_bench
@@ -288,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _certs(parser, args)
     if args.command == "eval":
         return _eval(parser, args)
+    if args.command == "pretrain-encoder":
+        return _pretrain(parser, args)
     if args.command == "plot":
         return _plot(parser, args.run_dir)
     if args.command == "report":

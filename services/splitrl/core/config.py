@@ -18,11 +18,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from splitrl.core.spec import Bottleneck, ModelConfig
+
+T = TypeVar("T")
+
+
+def _split_commas(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _not_empty(value: list[Any]) -> list[Any]:
+    if not value:
+        raise ValueError("needs at least one entry")
+    return value
+
+
+#: A list given as "a,b,c" on the command line (or as a list); at least one entry.
+CommaList = Annotated[list[T], BeforeValidator(_split_commas), AfterValidator(_not_empty)]
+#: The same, where "" (no entry) means something.
+CommaListOrEmpty = Annotated[list[T], BeforeValidator(_split_commas)]
+
+
+def field_of(model: type[BaseModel], name: str) -> Any:
+    """Field `name` of `model`, to declare the same setting (flag, default, bounds, help) in a settings class
+    outside its group: `action_repeat: int = field_of(VecEnvSettings, "action_repeat")`."""
+    return model.model_fields[name]
+
 
 Mode = Literal["cloud", "split", "split-accumulate"]
 #: How cloud mode sends observations over the WAN (docs/design.md §3): the newest uint8 frame (stacked in the

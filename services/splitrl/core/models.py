@@ -45,10 +45,10 @@ def init_layers(module: nn.Module, gain: float) -> None:
 
 def _conv_output_size(frame_stack: int, frame_size: int) -> int:
     with torch.no_grad():
-        return int(_conv_stack(frame_stack)(torch.zeros(1, frame_stack, frame_size, frame_size)).shape[1])
+        return int(conv_stack(frame_stack)(torch.zeros(1, frame_stack, frame_size, frame_size)).shape[1])
 
 
-def _conv_stack(frame_stack: int) -> nn.Sequential:
+def conv_stack(frame_stack: int) -> nn.Sequential:
     return nn.Sequential(
         nn.Conv2d(frame_stack, 32, kernel_size=8, stride=4),
         nn.ReLU(),
@@ -71,7 +71,7 @@ class Encoder(nn.Module):
         if bottleneck not in ("relu", "layernorm"):
             raise ValueError(f"bottleneck must be 'relu' or 'layernorm', got {bottleneck!r}")
         conv_out = _conv_output_size(frame_stack, frame_size)
-        layers: list[nn.Module] = [_conv_stack(frame_stack)]
+        layers: list[nn.Module] = [conv_stack(frame_stack)]
         if width != conv_out:
             layers.append(nn.Linear(conv_out, width))
             if bottleneck == "relu":

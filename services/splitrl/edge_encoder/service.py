@@ -43,6 +43,7 @@ from splitrl.core.step_ids import first_id, new_prefix
 from splitrl.core.video import VideoStreamEncoder
 from splitrl.edge_encoder.learner_link import LearnerLink
 from splitrl.edge_encoder.observation_store import ObservationStore
+from splitrl.edge_encoder.pretrained import load_pretrained
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
 from splitrl.edge_encoder.streams import ActStream, EnvStream, Outgoing
 from splitrl.edge_encoder.training import EncoderTrainer
@@ -82,14 +83,20 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
     def _encoder_training(self, settings: EdgeEncoderSettings, metrics: Metrics) -> tuple[EncoderTrainer, LearnerLink]:
         torch.manual_seed(settings.seed)
+        encoder = settings.network_config().encoder().eval()
+        checkpoint_path = None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt"
+        if settings.encoder_init is not None and not (checkpoint_path and checkpoint_path.exists()):
+            # a restarted or resumed edge goes on from its checkpoint and needs no init file
+            encoder.load_state_dict(load_pretrained(settings.encoder_init, settings.network_config(), settings.env))
+            log.info("encoder starts from %s", settings.encoder_init)
         trainer = EncoderTrainer(
-            settings.network_config().encoder().eval(),
+            encoder,
             ObservationStore(settings.observation_store_size),
             metrics,
             learning_rate=settings.encoder_learning_rate,
             max_grad_norm=settings.encoder_max_grad_norm,
             activation_codec=settings.activation_codec,
-            checkpoint_path=None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt",
+            checkpoint_path=checkpoint_path,
             checkpoint_every=settings.checkpoint_every,
             rows_per_pass=settings.encoder_rows_per_pass,
             precision=settings.encoder_precision,

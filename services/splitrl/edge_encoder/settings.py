@@ -37,6 +37,13 @@ class EncoderTrainingSettings(Settings):
         "step of 64 rows is ~1.9x as fast and acting 0.9-1.1x (docs/throughput/edge-bf16/); on one without, "
         "slower than float32 (the edge logs a warning). Cloud mode has no edge encoder.",
     )
+    encoder_init: Path | None = Field(
+        None,
+        description="Split modes: start the edge's encoder from this file of `splitrl pretrain-encoder` (an "
+        "autoencoder the edge trained on its own frames, no WAN bytes) instead of the seed's random weights; a "
+        "checkpoint of the run's own (a restart, --resume) comes first, and then the file is not read. With "
+        "--encoder-fraction 0 it stays as pretrained, so split-accumulate's stored activations never go stale.",
+    )
     encoder_rows_per_pass: int = Field(
         0,
         ge=0,
@@ -65,7 +72,7 @@ def observation_store_size_for(replay_chunks: int, unroll_length: int, chunks_pe
 class EdgeEncoderSettings(
     ServerSettings, EnvSettings, ModeSettings, SeedSettings, RedialSettings, VideoSettings, EncoderTrainingSettings
 ):
-    """Settings of `splitrl serve edge-encoder`. `seed` sets the encoder's initial weights: the learner's must match."""
+    """Settings of `splitrl serve edge-encoder`. `seed` sets the encoder's initial weights (unless --encoder-init)."""
 
     inference_address: AddressList = Field(
         "127.0.0.1:50052",
@@ -89,7 +96,7 @@ class EdgeEncoderSettings(
     checkpoint_dir: Path | None = Field(
         None,
         description="Split modes: save encoder, its optimizer and encoder version here (encoder.pt) and resume "
-        "from it at start; unset = a restarted edge starts from the seed weights.",
+        "from it at start; unset = a restarted edge starts again from the seed's weights (or --encoder-init's).",
     )
     checkpoint_every: int = Field(
         200, ge=1, description="Encoder optimizer steps between checkpoints (also saved on shutdown)."
@@ -107,5 +114,14 @@ class EdgeEncoderSettings(
             raise ValueError(
                 "video_shadow=True counts what cloud mode's H.264 stream would send during a split run; in "
                 "mode='cloud' run --codec h264 instead, whose bytes are the measure itself"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _encoder_init_in_split_modes(self) -> EdgeEncoderSettings:
+        if self.encoder_init is not None and self.mode == "cloud":
+            raise ValueError(
+                f"encoder_init={str(self.encoder_init)!r} starts the split edge's encoder, but mode='cloud' has "
+                "none on the edge (it sends frames); use it with --mode split or split-accumulate"
             )
         return self

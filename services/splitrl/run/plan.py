@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pydantic import BaseModel
+
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings, Settings, shard_index
@@ -138,6 +140,13 @@ def recipe_share(recipe: Path, name: str) -> dict[str, Any]:
         for field, value in run_values(run, name).items()
         if DERIVED_FROM.get((name, field), {field}) & run.model_fields_set
     }
+
+
+def recipe_values(recipe: Path, model: type[BaseModel]) -> dict[str, Any]:
+    """The values run recipe `recipe` sets for fields `model` has, for a command that takes a recipe's share
+    as it is (`splitrl pretrain-encoder --config FILE`); the recipe is validated as a whole run."""
+    run = validate_settings(RunSettings, load_config(recipe, RunSettings))
+    return {field: getattr(run, field) for field in run.model_fields_set if field in model.model_fields}
 
 
 def plan(

@@ -12,7 +12,16 @@ from pathlib import Path
 
 from pydantic import Field, field_validator, model_validator
 
-from splitrl.core.config import EnvSettings, ModeSettings, SeedSettings, Settings, TlsMode, VideoSettings
+from splitrl.core.config import (
+    CommaList,
+    EnvSettings,
+    ModeSettings,
+    SeedSettings,
+    Settings,
+    TlsMode,
+    VideoSettings,
+    field_of,
+)
 from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
@@ -120,6 +129,41 @@ SHARED_GROUPS: tuple[type[Settings], ...] = RunSettings.__bases__
 
 EVAL_SEED_BASE = 1_000_000_000
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".mov")
+
+
+class PretrainSettings(EnvSettings, SeedSettings):
+    """Pretrain the split edge's encoder on the edge alone: play a random policy in the env, train the encoder
+    with a mirrored decoder to reconstruct its frame stacks, and write its weights for `splitrl up
+    --encoder-init` (edge_encoder/pretrain.py says why). --config takes a run recipe's env, shapes and seed."""
+
+    out: Path = Field(Path("encoder.pt"), description="File to write: the encoder's weights and the shapes they fit.")
+    action_repeat: int = field_of(VecEnvSettings, "action_repeat")
+    random_steps: int = Field(
+        6000,
+        ge=2,
+        description="Agent steps the random policy plays, episodes restarting as they end; a tenth of the stacks "
+        "is held out to measure the result. CarRacing at action repeat 4: ~25 s, ~230 steps an episode.",
+    )
+    random_action_hold: float = Field(
+        0.75,
+        ge=0,
+        lt=1,
+        description="Probability that the random policy keeps its previous action at each agent step.",
+    )
+    random_action_weights: CommaList[float] | None = Field(
+        None,
+        description="Discrete actions: comma-separated relative weights, one per action, of the random policy's "
+        "draws (CarRacing's five: nothing, left, right, gas, brake; 1,2,2,4,1 drives the car down the track). "
+        "Unset: uniform.",
+    )
+    pretrain_steps: int = Field(
+        3000,
+        ge=1,
+        description="Adam steps of the autoencoder (CarRacing, 64 stacks of 4 x 96 x 96 on 2 threads: ~0.1 s each).",
+    )
+    pretrain_batch_size: int = Field(64, ge=1, description="Frame stacks per Adam step.")
+    pretrain_learning_rate: float = Field(1e-3, gt=0, description="Adam learning rate of encoder and decoder.")
+    torch_threads: int = Field(2, ge=1, le=256, description="torch intra-op threads.")
 
 
 class EvalSettings(Settings):
