@@ -154,6 +154,8 @@ def pretrain(
     """Train `encoder` (of shapes `model`) with a mirrored Decoder to reconstruct its input stacks for `steps`
     Adam steps of `batch_size` stacks drawn by `sampler` from `rows` (in collection order) but the last
     HELD_OUT_SHARE, on which the result is measured. Hands the encoder back in eval mode."""
+    if steps < 1:
+        raise ValueError(f"pretraining needs at least 1 step, got {steps}")
     training, held_out = split_held_out(rows, model.frame_stack)
     decoder = Decoder(model)
     optimizer = torch.optim.Adam([*encoder.parameters(), *decoder.parameters()], lr=learning_rate)
@@ -166,16 +168,16 @@ def pretrain(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if step % report_every == 0 or step == steps:
-            error = reconstruction_mse(encoder, decoder, held_out)
-            log.info("pretraining step %d/%d: MSE %.5f training, %.5f held out", step, steps, loss.item(), error)
+        if step % report_every == 0 or step == steps:  # the last report's error is the result's
+            held_out_mse = reconstruction_mse(encoder, decoder, held_out)
+            log.info("pretraining step %d/%d: MSE %.5f training, %.5f held out", step, steps, loss.item(), held_out_mse)
     encoder.eval()
     seconds = time.perf_counter() - started
     return PretrainResult(
         steps=steps,
         stacks=len(rows),
         held_out=len(held_out),
-        held_out_mse=reconstruction_mse(encoder, decoder, held_out),
+        held_out_mse=held_out_mse,
         mean_predictor_mse=mean_predictor_mse(training, held_out),
         seconds=seconds,
     )

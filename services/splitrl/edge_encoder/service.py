@@ -83,11 +83,12 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
 
     def _encoder_training(self, settings: EdgeEncoderSettings, metrics: Metrics) -> tuple[EncoderTrainer, LearnerLink]:
         torch.manual_seed(settings.seed)
-        encoder = settings.network_config().encoder().eval()
+        model = settings.network_config()
+        encoder = model.encoder().eval()
         checkpoint_path = None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt"
         if settings.encoder_init is not None and not (checkpoint_path and checkpoint_path.exists()):
             # a restarted or resumed edge goes on from its checkpoint and needs no init file
-            encoder.load_state_dict(load_pretrained(settings.encoder_init, settings.network_config(), settings.env))
+            encoder.load_state_dict(load_pretrained(settings.encoder_init, model, settings.env))
             log.info("encoder starts from %s", settings.encoder_init)
         trainer = EncoderTrainer(
             encoder,

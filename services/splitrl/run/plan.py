@@ -130,11 +130,17 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
 }
 
 
+def load_recipe(recipe: Path) -> RunSettings:
+    """Run recipe `recipe` (the YAML file `splitrl up --config` takes) validated as a whole run, so a typo in any
+    key fails here; its `model_fields_set` are the keys the file sets."""
+    return validate_settings(RunSettings, load_config(recipe, RunSettings))
+
+
 def recipe_share(recipe: Path, name: str) -> dict[str, Any]:
     """Service `name`'s share of run recipe `recipe` (the YAML file `splitrl up --config` takes), for a service
     started on its own (`splitrl serve NAME --config FILE`, compose, Kubernetes): the run_values that come from
-    fields the recipe sets. The recipe is validated as a whole run, so a typo in any key fails here."""
-    run = validate_settings(RunSettings, load_config(recipe, RunSettings))
+    fields the recipe sets (load_recipe)."""
+    run = load_recipe(recipe)
     return {
         field: value
         for field, value in run_values(run, name).items()
@@ -144,8 +150,8 @@ def recipe_share(recipe: Path, name: str) -> dict[str, Any]:
 
 def recipe_values(recipe: Path, model: type[BaseModel]) -> dict[str, Any]:
     """The values run recipe `recipe` sets for fields `model` has, for a command that takes a recipe's share
-    as it is (`splitrl pretrain-encoder --config FILE`); the recipe is validated as a whole run."""
-    run = validate_settings(RunSettings, load_config(recipe, RunSettings))
+    as it is (`splitrl pretrain-encoder --config FILE`; load_recipe)."""
+    run = load_recipe(recipe)
     return {field: getattr(run, field) for field in run.model_fields_set if field in model.model_fields}
 
 
