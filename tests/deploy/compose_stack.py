@@ -74,11 +74,17 @@ def wait_for(what: str, condition: Callable[[], bool], stack: Stack, timeout_s: 
 
 @contextlib.contextmanager
 def running_stack(
-    project: str, services: Sequence[str], settings: dict[str, str], files: Sequence[str] = (), names: str = ""
+    project: str,
+    services: Sequence[str],
+    settings: dict[str, str],
+    files: Sequence[str] = (),
+    names: str = "",
+    before_up: Sequence[Sequence[str]] = (),
 ) -> Iterator[Stack]:
     """`docker compose up --wait` of `services` (base file plus `files`) with SPLITRL_* `settings`; down, with
-    volumes, at exit. `names`: extra certificate names (`splitrl certs --names`) for replicas. Skips (fails in
-    CI) when the engine, the Compose plugin or an image is missing."""
+    volumes, at exit. `names`: extra certificate names (`splitrl certs --names`) for replicas. `before_up`:
+    compose commands (e.g. a `run` of a one-off job into a volume) that must succeed, in order, before `up`.
+    Skips (fails in CI) when the engine, the Compose plugin or an image is missing."""
     tool("docker")
     import docker  # the SDK; imported here so that collection works without it
 
@@ -109,8 +115,11 @@ def running_stack(
     }
     stack = Stack(client, environ, project, files)
     stack.compose("down", "--volumes", "--timeout", "10")  # leftovers of an interrupted run
-    started = stack.compose("up", "--detach", "--wait", "--no-build", *services, timeout=400)
     try:
+        for command in before_up:
+            done = stack.compose(*command, timeout=400)
+            assert done.returncode == 0, f"compose {' '.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr}"
+        started = stack.compose("up", "--detach", "--wait", "--no-build", *services, timeout=400)
         assert started.returncode == 0, f"compose up failed:\n{started.stderr}\n{stack.logs()}"
         yield stack
     finally:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import TypeAdapter
 
 from splitrl.core.args import CONFIG_DEST, load_config, settings_from_args, validate_settings
 from splitrl.core.config import split_addresses
@@ -91,21 +92,26 @@ def test_the_run_level_variables_are_left_to_the_recipe_unless_the_shell_sets_th
             assert environ.get(f"SPLITRL_{field.upper()}", "") == "", (name, field)
 
 
-def readme_compose_commands() -> list[str]:
-    """README's `VAR=value ... docker compose up` lines (bash blocks)."""
+def readme_compose_commands(subcommand: str = "up") -> list[str]:
+    """README's `VAR=value ... docker compose SUBCOMMAND` lines (bash blocks)."""
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S))
     return [
         line.split("  #")[0].strip()
         for line in blocks.splitlines()
-        if re.match(r"SPLITRL_\w+=.*docker compose up", line)
+        if re.match(rf"SPLITRL_\w+=.*docker compose {subcommand} ", line + " ")
     ]
+
+
+def shell_of(command: str) -> dict[str, str]:
+    """The `VAR=value` words before `docker compose`."""
+    return dict(word.split("=", 1) for word in command.split(" docker compose")[0].split())
 
 
 def test_readmes_compose_commands_set_what_they_say(tmp_path):
     commands = readme_compose_commands()
     assert len(commands) >= 2, "README shows how to run a recipe under compose"
     for command in commands:
-        shell = dict(word.split("=", 1) for word in command.split(" docker compose")[0].split())
+        shell = shell_of(command)
         compose = rendered(tmp_path, shell)
         recipe = validate_settings(RunSettings, load_config(REPO / shell.pop("SPLITRL_CONFIG"), RunSettings))
         for name in ("inference", "learner", "edge-encoder", "environment"):
@@ -114,7 +120,45 @@ def test_readmes_compose_commands_set_what_they_say(tmp_path):
             for variable, value in shell.items():
                 field = variable.removeprefix("SPLITRL_").lower()
                 if field in type(settings).model_fields:
-                    assert str(getattr(settings, field)) == value, (command, name, field)
+                    typed = TypeAdapter(type(settings).model_fields[field].annotation).validate_python(value)
+                    assert getattr(settings, field) == typed, (command, name, field)
+
+
+def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge_from(tmp_path):
+    """README's one-off `docker compose run ... edge-encoder pretrain-encoder`: its settings are the recipe's
+    and the shell's, as the serving edge-encoder's are; it writes into the edge's checkpoint volume, the file
+    that README's split-accumulate `up` hands the edge."""
+    from splitrl.cli.main import build_parser
+    from splitrl.run.plan import recipe_values
+    from splitrl.run.settings import PretrainSettings
+
+    (command,) = readme_compose_commands("run")
+    shell = shell_of(command)
+    compose = rendered(tmp_path, shell)
+    words = command.split(" docker compose run ")[1].split()
+    assert words[:3] == ["--rm", "--no-deps", "edge-encoder"], "no peers started, the edge's image and volume"
+    edge = compose["services"]["edge-encoder"]
+    recipe = Path(compose["configs"][edge["configs"][0]["source"]]["file"])
+    environ = edge["environment"] | {"SPLITRL_CONFIG": str(recipe)}  # the host's copy of the mounted file
+    args = build_parser().parse_args(words[3:])
+    pretrained = settings_from_args(PretrainSettings, args, environ, read_config=recipe_values)
+    serving = service_settings(compose, "edge-encoder")
+    assert (pretrained.env, pretrained.frame_size, pretrained.frame_stack) == (
+        serving.env,
+        serving.frame_size,
+        serving.frame_stack,
+    )
+    assert (str(pretrained.width), pretrained.bottleneck) == (shell["SPLITRL_WIDTH"], shell["SPLITRL_BOTTLENECK"])
+    volumes = [Path(volume["target"]) for volume in edge["volumes"] if volume["type"] == "volume"]
+    assert any(pretrained.out.is_relative_to(volume) for volume in volumes), (pretrained.out, volumes)
+
+    ups = [up for up in readme_compose_commands() if "SPLITRL_ENCODER_INIT" in up]
+    assert ups, "README runs the pretrained encoder under compose"
+    for up in ups:
+        assert Path(shell_of(up)["SPLITRL_ENCODER_INIT"]) == pretrained.out
+        settings = service_settings(rendered(tmp_path, shell_of(up)), "edge-encoder")
+        shapes = (settings.width, settings.bottleneck)
+        assert (settings.encoder_init, *shapes) == (pretrained.out, pretrained.width, pretrained.bottleneck)
 
 
 SCALE_OUT = "docker-compose.scale-out.yml"
