@@ -155,10 +155,12 @@ def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge
     ups = [up for up in readme_compose_commands() if "SPLITRL_ENCODER_INIT" in up]
     assert ups, "README runs the pretrained encoder under compose"
     for up in ups:
+        assert shell_of(up)["SPLITRL_CONFIG"] == shell["SPLITRL_CONFIG"], "the same recipe pretrains and runs"
         assert Path(shell_of(up)["SPLITRL_ENCODER_INIT"]) == pretrained.out
         settings = service_settings(rendered(tmp_path, shell_of(up)), "edge-encoder")
-        shapes = (settings.width, settings.bottleneck)
-        assert (settings.encoder_init, *shapes) == (pretrained.out, pretrained.width, pretrained.bottleneck)
+        fitted = ("env", "frame_size", "frame_stack", "width", "bottleneck")  # what load_pretrained checks
+        assert [getattr(settings, name) for name in fitted] == [getattr(pretrained, name) for name in fitted]
+        assert settings.encoder_init == pretrained.out
 
 
 SCALE_OUT = "docker-compose.scale-out.yml"
