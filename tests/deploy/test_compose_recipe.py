@@ -43,15 +43,19 @@ def rendered(tmp_path: Path, shell: dict[str, str], files: tuple[str, ...] = ())
     return json.loads(result.stdout)
 
 
+def container_environment(compose: dict[str, Any], name: str) -> dict[str, str]:
+    """Container NAME's variables, SPLITRL_CONFIG pointing at the host's copy of the recipe Compose mounts."""
+    service = compose["services"][name]
+    (mount,) = service["configs"]
+    recipe = Path(compose["configs"][mount["source"]]["file"])
+    assert service["environment"]["SPLITRL_CONFIG"] == mount["target"]
+    return dict(service["environment"]) | {"SPLITRL_CONFIG": str(recipe)}
+
+
 def service_settings(compose: dict[str, Any], name: str) -> Any:
     """What `splitrl serve SERVICE` builds inside container NAME (an instance: `inference-1` serves inference):
     its variables, and the recipe Compose mounts."""
-    service, name = compose["services"][name], service_of(name)
-    (mount,) = service["configs"]
-    recipe = Path(compose["configs"][mount["source"]]["file"])
-    environ = service["environment"]
-    assert environ["SPLITRL_CONFIG"] == mount["target"]
-    environ = environ | {"SPLITRL_CONFIG": str(recipe)}  # the host's copy of the mounted file
+    environ, name = container_environment(compose, name), service_of(name)
 
     def share(path: Path, _model: object) -> dict[str, Any]:
         return recipe_share(path, name)
@@ -137,10 +141,8 @@ def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge
     compose = rendered(tmp_path, shell)
     words = command.split(" docker compose run ")[1].split()
     assert words[:3] == ["--rm", "--no-deps", "edge-encoder"], "no peers started, the edge's image and volume"
-    edge = compose["services"]["edge-encoder"]
-    recipe = Path(compose["configs"][edge["configs"][0]["source"]]["file"])
-    environ = edge["environment"] | {"SPLITRL_CONFIG": str(recipe)}  # the host's copy of the mounted file
     args = build_parser().parse_args(words[3:])
+    environ = container_environment(compose, "edge-encoder")  # what the one-off container is given
     pretrained = settings_from_args(PretrainSettings, args, environ, read_config=recipe_values)
     serving = service_settings(compose, "edge-encoder")
     assert (pretrained.env, pretrained.frame_size, pretrained.frame_stack) == (
@@ -149,7 +151,8 @@ def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge
         serving.frame_stack,
     )
     assert (str(pretrained.width), pretrained.bottleneck) == (shell["SPLITRL_WIDTH"], shell["SPLITRL_BOTTLENECK"])
-    volumes = [Path(volume["target"]) for volume in edge["volumes"] if volume["type"] == "volume"]
+    mounts = compose["services"]["edge-encoder"]["volumes"]
+    volumes = [Path(volume["target"]) for volume in mounts if volume["type"] == "volume"]
     assert any(pretrained.out.is_relative_to(volume) for volume in volumes), (pretrained.out, volumes)
 
     ups = [up for up in readme_compose_commands() if "SPLITRL_ENCODER_INIT" in up]
