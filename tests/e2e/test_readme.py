@@ -1,5 +1,6 @@
 """README's commands run as written: the first run (and that it learns), the one-by-one services example,
-`certs`, `plot` and `report`, and every `--help` README points to."""
+`certs`, `plot` and `report`, and every `--help` README points to. The commands README and its chapters in
+docs/ give (RECORD_PAGES: the full CarRacing and throughput records) parse and validate."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).parents[2]
 README = REPO / "README.md"
+#: README and the pages it keeps its full records in; their commands are README's too.
+RECORD_PAGES = (README, REPO / "docs" / "learning" / "README.md", REPO / "docs" / "throughput" / "README.md")
 RANDOM_RETURN = -0.67  # Catch: the paddle covers 2 of 12 columns
 
 
@@ -33,12 +36,12 @@ def bash_block_after(heading: str) -> str:
 
 
 def commands_starting(prefix: str, inline: bool = True) -> list[str]:
-    """Every command in README that starts with `prefix`, in bash blocks (continuations joined) or inline code
-    (`inline=False`: bash blocks only, where every command is whole).
+    """Every command in README and its record pages that starts with `prefix`, in bash blocks (continuations
+    joined) or inline code (`inline=False`: bash blocks only, where every command is whole).
 
     Mentions without arguments and synopses with placeholders (`[--days 365]`, `RUN_DIR`) are left out.
     """
-    text = README.read_text()
+    text = "\n".join(page.read_text() for page in RECORD_PAGES)
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, re.S)).replace("\\\n", " ")
     lines = [line.split("  #")[0].strip() for line in blocks.splitlines()]
     found = [line for line in lines if line.startswith(prefix)]

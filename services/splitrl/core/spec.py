@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 #: The encoder's last layer. relu: activations >= 0, unbounded. layernorm: each row normalised to mean 0 and
 #: variance 1 (no learned gain), so |activation| <= sqrt(width - 1) whatever the weights: a trained encoder cannot
 #: inflate what it sends (on CarRacing a ReLU width-32 split-accumulate encoder grew its activations ~3,000x within
-#: 1,200 edge steps and the policy collapsed; README "CarRacing").
+#: 1,200 edge steps and the policy collapsed; docs/learning/README.md).
 Bottleneck = Literal["relu", "layernorm"]
 
 
