@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 REPO = Path(__file__).parents[2]
 README = REPO / "README.md"
 #: README and the pages it keeps its full records in; their commands are README's too.
-RECORD_PAGES = (README, REPO / "docs" / "learning" / "README.md", REPO / "docs" / "throughput" / "README.md")
+RECORD_CHAPTERS = ("learning", "network-study", "throughput")
+RECORD_PAGES = (README, *(REPO / "docs" / chapter / "README.md" for chapter in RECORD_CHAPTERS))
 RANDOM_RETURN = -0.67  # Catch: the paddle covers 2 of 12 columns
 
 
