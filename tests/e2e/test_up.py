@@ -109,6 +109,11 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     uplink = summary["links"]["encoder-inference"]["rollout"]
     for ends in uplink.values():
         assert ends["sent"] == ends["received"]
+    processes = summary["processes"]  # each service's CPU and memory, from its final /metrics
+    assert set(processes) == set(summary["exit_codes"])
+    for name, cost in processes.items():
+        assert cost["cpu_ms_per_env_step"] > 0 and 0 < cost["resident_mib"] <= cost["peak_resident_mib"], name
+    assert processes["environment"]["peak_resident_mib"] < processes["edge-encoder"]["peak_resident_mib"]  # no torch
     assert "summary written to" in result.stdout
     assert (run_dir / "learning.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert not processes_mentioning(str(run_dir))

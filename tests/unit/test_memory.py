@@ -102,3 +102,29 @@ def test_freed_memory_trims_once_the_counted_bytes_reach_the_threshold(monkeypat
 def test_freed_memory_refuses_negative_bytes_with_the_value(call):
     with pytest.raises(ValueError, match="got -"):
         call()
+
+
+#: A fresh process touches 64 MiB and frees it: resident memory falls back, its peak does not. Prints the peak
+#: before, the peak after and the resident bytes after.
+PEAK_SCRIPT = """
+from pathlib import Path
+from splitrl.core.memory import peak_resident_bytes
+
+def resident_bytes():
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) * 1024
+
+before = peak_resident_bytes()
+block = b"x" * (64 * 2**20)  # every page written
+del block
+print(before, peak_resident_bytes(), resident_bytes())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="no /proc: the peak is NaN (unknown)")
+def test_the_peak_resident_memory_remembers_a_block_already_freed():
+    result = subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    before, peak, resident = (float(value) for value in result.stdout.split())
+    assert peak >= before + 60 * 2**20, (before, peak)
+    assert resident < peak - 32 * 2**20, (resident, peak)  # the block was freed: only the peak keeps it

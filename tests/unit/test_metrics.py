@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import sys
+
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
-from splitrl.core import wire
+from splitrl.core import scrape, wire
 from splitrl.core.metrics import LinkMeter, Metrics, tensor_elements
 from splitrl.v1 import replay_pb2, rollout_pb2
 
@@ -130,3 +133,23 @@ def test_registries_do_not_share_counters():
     Metrics(second)
     assert sample(first, "messages", LABELS) == 1
     assert sample(second, "messages", LABELS) is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the process_* series and the peak read Linux's /proc")
+def test_a_service_exports_its_cpu_resident_memory_and_a_peak_no_lower(registry):
+    Metrics(registry)
+    cost = scrape.process_cost(generate_latest(registry).decode())  # process_* are read before the peak
+    assert cost.cpu_seconds > 0
+    assert 0 < cost.resident_bytes <= cost.peak_resident_bytes
+
+
+def test_process_cost_adds_worker_processes_and_leaves_an_unknown_peak_unknown():
+    text = (
+        "process_cpu_seconds_total 2.5\n"
+        "process_resident_memory_bytes 100\n"
+        "splitrl_worker_cpu_seconds 1.5\n"
+        "splitrl_worker_resident_memory_bytes 20\n"
+        "splitrl_process_peak_resident_memory_bytes 150\n"
+    )
+    assert scrape.process_cost(text) == scrape.ProcessCost(cpu_seconds=4.0, resident_bytes=120, peak_resident_bytes=150)
+    assert math.isnan(scrape.process_cost("process_cpu_seconds_total 1\n").peak_resident_bytes)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from splitrl.bench.learning import Row, last_segment_shadow
-from splitrl.bench.learning_report import shadow_table_lines
+from splitrl.bench.learning import Row, last_segment_edge_costs, last_segment_shadow, last_summary
+from splitrl.bench.learning_report import edge_cost_table_lines, shadow_table_lines
 from splitrl.bench.settings import LearningBenchSettings
 from splitrl.run import files as run_dir_files
 from splitrl.run.evaluate import summarize
@@ -123,22 +123,38 @@ def test_a_run_with_a_video_shadow_reports_its_last_segment_beside_cloud_h264(tm
     (shadowed / "summary.json").write_text(json.dumps(summary | {"cloud_h264_shadow": shadow}))
     (plain / "summary.json").write_text(json.dumps(summary | {"cloud_h264_shadow": None}))
     (broken / "summary.json").write_text("{not json")
-    assert last_segment_shadow(shadowed) == {
+    assert last_segment_shadow(last_summary(shadowed)) == {
         "env_steps": 25_000,
         "split_wan_bytes_per_env_step": 55.0,
         "cloud_h264_wan_bytes_per_env_step": 220.0,
         "split_share": 0.25,
     }
-    assert last_segment_shadow(plain) is None and last_segment_shadow(broken) is None
-    assert last_segment_shadow(tmp_path / "never-ran") is None
+    assert last_summary(broken) is None and last_summary(tmp_path / "never-ran") is None
+    assert last_segment_shadow(last_summary(plain)) is None and last_segment_shadow(None) is None
     rows = [
-        {"row": "split:int4+zstd:w32", "seed": 2, "last_segment_shadow": last_segment_shadow(shadowed)},
+        {"row": "split:int4+zstd:w32", "seed": 2, "last_segment_shadow": last_segment_shadow(last_summary(shadowed))},
         {"row": "cloud:h264", "seed": 2, "last_segment_shadow": None},
     ]
     lines = shadow_table_lines(rows)
     assert lines[-1] == "| split:int4+zstd:w32 | 2 | 25,000 | 55.0 | 220.0 | 0.250 |"
     assert not any("cloud:h264" in line for line in lines)
     assert shadow_table_lines(rows[1:]) == []
+
+
+def test_the_learning_report_gives_the_edge_processes_costs_of_runs_that_recorded_them():
+    cost = {"cpu_seconds": 90.0, "cpu_ms_per_env_step": 0.72, "resident_mib": 101.4, "peak_resident_mib": 103.6}
+    processes = {"environment": cost, "edge-encoder": cost | {"peak_resident_mib": None}, "learner": cost}
+    edge = last_segment_edge_costs({"processes": processes})
+    assert edge is not None and set(edge) == {"environment", "edge-encoder"}  # the cloud's are left out
+    assert last_segment_edge_costs({"env_steps": 10}) is None and last_segment_edge_costs(None) is None
+    rows = [
+        {"row": "split-accumulate:int4+zstd:w64:f0.0", "seed": 0, "last_segment_edge_costs": edge},
+        {"row": "cloud:h264", "seed": 0, "last_segment_edge_costs": None},  # recorded before summaries had it
+    ]
+    lines = edge_cost_table_lines(rows)
+    assert lines[-1] == "| split-accumulate:int4+zstd:w64:f0.0 | 0 | 0.72 | 101 | 104 | 0.72 | 101 | - |"
+    assert not any("cloud:h264" in line for line in lines)
+    assert edge_cost_table_lines(rows[1:]) == []
 
 
 def test_no_learning_rows_trains_the_reference_peer_alone_or_is_refused():

@@ -158,6 +158,7 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
             "r",
             resident_bytes={"environment": 98 * 2**20},
             env_steps_total=1000,
+            peak_resident_bytes={"environment": 103 * 2**20},
         )
     ]
     report.links = [LinkResult("tcp", 512, 1000, 1.0), LinkResult("grpc", 512, 100, 1.0)]
@@ -165,7 +166,7 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert "| stack split-accumulate | 800.0 | **0.80** | 250 | 8.0 | 1.50 / 3 | 4 |" in text
     assert "| edge-inference | 2.00 / 1.50 / 9.00 |" in text
     assert "| learner | 0.50 |" in text  # 0.6 CPU s over 1.2 wall s
-    assert "| environment | 98 / 0.50 |" in text  # 98 MiB; 0.5 CPU s over 1,000 env steps
+    assert "| environment | 98 (103) / 0.50 |" in text  # 98 MiB, at most 103; 0.5 CPU s over 1,000 env steps
     assert "| edge-encoder | - |" in text
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 |" in text
     assert "gRPC WAN" not in text

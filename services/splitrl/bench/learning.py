@@ -23,6 +23,7 @@ from typing import Any
 from splitrl.bench.learning_report import write_learning_report
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings, row_flags
+from splitrl.bench.throughput_report import EDGE_SERVICES
 from splitrl.core.args import load_config, to_argv, validate_settings
 from splitrl.run import files as run_dir_files
 from splitrl.run.summary import mean_return_between
@@ -199,6 +200,7 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
     """
     curve = run_dir_files.load_curve(run_dir)
     evals = run_dir_files.load_evals(run_dir)
+    summary = last_summary(run_dir)
     last = curve[-1] if curve else run_dir_files.zero_point()
     steps = last["env_steps"]
     final_train, _ = mean_return_between(curve, 0.8 * steps, steps)
@@ -212,7 +214,8 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
         "wan_bytes": last["wan_bytes"] if networked else None,
         "wan_bytes_per_frame": last["wan_bytes"] / (steps * repeat) if steps and networked else None,
         "train_return_last_20pct": final_train,
-        "last_segment_shadow": last_segment_shadow(run_dir),
+        "last_segment_shadow": last_segment_shadow(summary),
+        "last_segment_edge_costs": last_segment_edge_costs(summary),
         "curve": curve,
         "evals": [
             {key: e[key] for key in ("env_steps", "episodes", "mean", "iqm", "std")}
@@ -224,16 +227,21 @@ def summarize_run(spec: str, seed: int, run_dir: Path, repeat: int, networked: b
     }
 
 
-def last_segment_shadow(run_dir: Path) -> dict[str, float] | None:
+def last_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The summary.json of a run's last segment (None for a run without one, e.g. the one-process peer's)."""
+    try:
+        summary: dict[str, Any] = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary
+
+
+def last_segment_shadow(summary: dict[str, Any] | None) -> dict[str, float] | None:
     """A split run recorded with --video-shadow (e.g. in its --config): its last segment's WAN bytes per agent
     step beside what cloud mode over H.264 would have sent for the same frames (summary.json's
     cloud_h264_shadow); None for a run without a shadow or a summary."""
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    shadow = summary.get("cloud_h264_shadow")
-    if not shadow:
+    shadow = summary.get("cloud_h264_shadow") if summary else None
+    if not summary or not shadow:
         return None
     return {
         "env_steps": summary["env_steps"],
@@ -241,3 +249,12 @@ def last_segment_shadow(run_dir: Path) -> dict[str, float] | None:
         "cloud_h264_wan_bytes_per_env_step": shadow["wan_bytes_per_env_step"],
         "split_share": shadow["split_share"],
     }
+
+
+def last_segment_edge_costs(summary: dict[str, Any] | None) -> dict[str, dict[str, Any]] | None:
+    """What the edge device's processes used in the run's last segment (summary.json's `processes`: CPU ms
+    per agent step, resident MiB at the end and at peak), by service; None for a run recorded without them."""
+    processes = summary.get("processes") if summary else None
+    if not processes:
+        return None
+    return {name: processes[name] for name in EDGE_SERVICES if name in processes} or None

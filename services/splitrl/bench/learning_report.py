@@ -1,5 +1,5 @@
 """The learning bench's report: learning.md (a row per run, its final evaluations, every evaluation, the video
-shadow's bytes), learning.json and the figure (splitrl.bench.learning_plots)."""
+shadow's bytes, the edge's own costs), learning.json and the figure (splitrl.bench.learning_plots)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path
         )
     lines += evaluation_table_lines(results)
     lines += shadow_table_lines(results)
+    lines += edge_cost_table_lines(results)
     (out / "learning.md").write_text("\n".join(lines) + "\n")
     without_curves = [{k: v for k, v in r.items() if k != "curve"} for r in results]
     (out / "learning.json").write_text(json.dumps(without_curves, indent=2))
@@ -101,3 +102,32 @@ def shadow_table_lines(results: list[dict[str, Any]]) -> list[str]:
             f"| {shadow['cloud_h264_wan_bytes_per_env_step']:.1f} | {shadow['split_share']:.3f} |"
         )
     return lines
+
+
+def edge_cost_table_lines(results: list[dict[str, Any]]) -> list[str]:
+    """What the edge device paid besides WAN bytes, per run recorded with it (none: no lines)."""
+    costed = [r for r in results if r.get("last_segment_edge_costs")]
+    if not costed:
+        return []
+    lines = [
+        "",
+        "The edge's own costs in each run's last segment (services start afresh with each segment): CPU ms per "
+        "agent step (start-up included), resident MiB at the end and at its peak.",
+        "",
+        "| row | seed | environment: CPU ms/step | MiB | peak MiB | edge-encoder: CPU ms/step | MiB | peak MiB |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in costed:
+        cells = [_cost_cells(r["last_segment_edge_costs"].get(name)) for name in ("environment", "edge-encoder")]
+        lines.append(f"| {r['row']} | {r['seed']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _cost_cells(cost: dict[str, Any] | None) -> str:
+    """CPU ms/step | MiB | peak MiB of one process ("-" where not recorded)."""
+    if cost is None:
+        return "- | - | -"
+    cpu, peak = cost.get("cpu_ms_per_env_step"), cost.get("peak_resident_mib")
+    cpu_cell = "-" if cpu is None else f"{cpu:.2f}"
+    peak_cell = "-" if peak is None else f"{peak:.0f}"
+    return f"{cpu_cell} | {cost['resident_mib']:.0f} | {peak_cell}"

@@ -24,6 +24,7 @@ stack's hop latencies, batch sizes, policy lag and per-service CPU come from the
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -52,11 +53,10 @@ from splitrl.core.metrics import (
     HOP_LATENCY,
     INFERENCE_BATCH_SIZE,
     POLICY_LAG,
-    WORKER_CPU_SECONDS,
-    WORKER_RESIDENT_BYTES,
 )
 from splitrl.run.plan import port_files, shared_values
 from splitrl.run.settings import RunSettings
+from splitrl.run.summary import shutdown_texts_by_service
 
 
 def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | None = None) -> RunSettings:
@@ -118,7 +118,8 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         first, last = steady_span(live, warmup_fraction)
     except ValueError as error:  # the curve takes a point every progress_interval_s: a shorter run has no rate
         raise RuntimeError(f"stack {mode} ran too briefly to time ({error}): raise --steps") from error
-    texts = {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
+    texts = shutdown_texts_by_service(run_dir)
+    costs = {name: scrape.process_cost(text) for name, text in texts.items()}
     every = list(texts.values())
     hops = {}
     for hop in HOPS:
@@ -137,14 +138,11 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         policy_lag_mean=lag_sum / lag_count if lag_count else None,
         policy_lag_max_at_most=scrape.upper_bound(lag_buckets),
         learner_updates=int(summary["learner_updates"]),
-        cpu_seconds={
-            name: scrape.total([text], "process_cpu_seconds_total") + scrape.total([text], WORKER_CPU_SECONDS)
-            for name, text in texts.items()
-        },
+        cpu_seconds={name: cost.cpu_seconds for name, cost in costs.items()},
         run_dir=str(run_dir),
-        resident_bytes={
-            name: scrape.total([text], "process_resident_memory_bytes") + scrape.total([text], WORKER_RESIDENT_BYTES)
-            for name, text in texts.items()
+        resident_bytes={name: cost.resident_bytes for name, cost in costs.items()},
+        peak_resident_bytes={
+            name: cost.peak_resident_bytes for name, cost in costs.items() if not math.isnan(cost.peak_resident_bytes)
         },
         env_steps_total=int(summary["env_steps"]),
         updates=int(last[2] - first[2]),

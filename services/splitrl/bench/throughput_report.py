@@ -55,6 +55,8 @@ class StackResult:
     #: cpu_seconds), and the run's env steps (all of them).
     resident_bytes: dict[str, float] = field(default_factory=dict)
     env_steps_total: int = 0
+    #: Each service process's own peak resident memory (bytes), where the system says.
+    peak_resident_bytes: dict[str, float] = field(default_factory=dict)
     #: Learner updates inside the rate's window.
     updates: int = 0
     #: py-spy's samples of each service process, by name (--profile-s; empty without it).
@@ -230,7 +232,7 @@ def _edge_table(report: ThroughputReport) -> list[str]:
         return []
     lines = _per_mode_header(
         report,
-        "The edge's own costs: resident memory at the end of the run (MiB) / CPU ms per env step:",
+        "The edge's own costs: resident memory at the end of the run (its peak) in MiB / CPU ms per env step:",
         "edge process",
     )
     for service in EDGE_SERVICES:
@@ -240,7 +242,9 @@ def _edge_table(report: ThroughputReport) -> list[str]:
                 cells.append("-")
                 continue
             cpu_ms = 1000 * r.cpu_seconds[service] / r.env_steps_total
-            cells.append(f"{r.resident_bytes[service] / 2**20:.0f} / {cpu_ms:.2f}")
+            peak = r.peak_resident_bytes.get(service)
+            peak_cell = "" if peak is None else f" ({peak / 2**20:.0f})"
+            cells.append(f"{r.resident_bytes[service] / 2**20:.0f}{peak_cell} / {cpu_ms:.2f}")
         lines.append(f"| {service} | " + " | ".join(cells) + " |")
     return lines
 

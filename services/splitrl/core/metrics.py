@@ -20,6 +20,7 @@ from google.protobuf.message import Message
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, ProcessCollector, Summary
 
 from splitrl.core import wire
+from splitrl.core.memory import peak_resident_bytes
 from splitrl.v1 import tensor_pb2
 
 Link = Literal[
@@ -46,10 +47,12 @@ LEARNING_RATE = "splitrl_learning_rate"
 ENTROPY_COEF = "splitrl_entropy_coef"
 POLICY_LAG = "splitrl_policy_lag"
 STREAMS_OPENED = "splitrl_streams_opened"
-#: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
 VIDEO_SHADOW_BYTES = "splitrl_video_shadow_bytes"
+#: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
 WORKER_CPU_SECONDS = "splitrl_worker_cpu_seconds"
 WORKER_RESIDENT_BYTES = "splitrl_worker_resident_memory_bytes"
+#: The service process's own peak resident memory (process_resident_memory_bytes is the current figure).
+PEAK_RESIDENT_BYTES = "splitrl_process_peak_resident_memory_bytes"
 
 LINK_LABELS = ("link", "direction", "phase", "payload")
 #: Seconds; roughly x1.5-2 apart so that p50 / p99 read from buckets are within ~25% (`splitrl bench throughput`).
@@ -334,6 +337,13 @@ class Metrics:
             "Resident memory of this service's worker processes (bytes; as last seen for ended workers).",
             registry=registry,
         )
+        self.peak_resident_bytes = Gauge(
+            PEAK_RESIDENT_BYTES,
+            "Peak resident memory (bytes) of this service's own process since it started (VmHWM; NaN where the "
+            "system does not say): what a device must have free for it. Its worker processes are not included.",
+            registry=registry,
+        )
+        self.peak_resident_bytes.set_function(peak_resident_bytes)
         self.video_shadow_bytes = Counter(
             VIDEO_SHADOW_BYTES,
             "Split modes with --video-shadow: bytes (protobuf, as splitrl_link_bytes counts them) the rollout's "

@@ -9,11 +9,20 @@ from __future__ import annotations
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from splitrl.core.metrics import LINK_BYTES, LINK_ELEMENTS, LINK_MESSAGES, WAN_LINKS
+from splitrl.core.metrics import (
+    LINK_BYTES,
+    LINK_ELEMENTS,
+    LINK_MESSAGES,
+    PEAK_RESIDENT_BYTES,
+    WAN_LINKS,
+    WORKER_CPU_SECONDS,
+    WORKER_RESIDENT_BYTES,
+)
 
 _LINK_FAMILIES = {
     LINK_BYTES: "bytes",
@@ -79,6 +88,28 @@ def wan_by_phase(links: dict[str, Any], unit: str = "bytes") -> dict[str, int]:
 def total(texts: Iterable[str], sample_name: str) -> float:
     """Sum of every sample called `sample_name` (e.g. splitrl_env_steps_total), over all expositions."""
     return sum(value for text in texts for name, _, value in samples(text) if name == sample_name)
+
+
+@dataclass(frozen=True)
+class ProcessCost:
+    """What one service used, from one exposition of its /metrics (its final one: up to then).
+
+    `cpu_seconds` (user + system) and `resident_bytes` (now) count its env worker processes too;
+    `peak_resident_bytes` is its own process's high-water mark (NaN where the system does not say)."""
+
+    cpu_seconds: float
+    resident_bytes: float
+    peak_resident_bytes: float
+
+
+def process_cost(text: str) -> ProcessCost:
+    """The ProcessCost in one service's exposition `text`."""
+    peak = [value for name, _, value in samples(text) if name == PEAK_RESIDENT_BYTES]
+    return ProcessCost(
+        cpu_seconds=total([text], "process_cpu_seconds_total") + total([text], WORKER_CPU_SECONDS),
+        resident_bytes=total([text], "process_resident_memory_bytes") + total([text], WORKER_RESIDENT_BYTES),
+        peak_resident_bytes=peak[0] if peak else float("nan"),
+    )
 
 
 def histogram(texts: Iterable[str], name: str, **match: str) -> tuple[list[tuple[float, float]], float, float]:

@@ -8,6 +8,7 @@ seconds); consecutive points give the mean return of each interval.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,31 @@ def curve_point(texts: list[str]) -> dict[str, float]:
     }
 
 
+def shutdown_texts_by_service(run_dir: Path) -> dict[str, str]:
+    """The final /metrics each service wrote on shutdown, by service instance name."""
+    return {path.stem: path.read_text() for path in sorted((run_dir / "metrics").glob("*.prom"))}
+
+
 def shutdown_texts(run_dir: Path) -> list[str]:
     """The final /metrics each service wrote on shutdown."""
-    return [p.read_text() for p in sorted((run_dir / "metrics").glob("*.prom"))]
+    return list(shutdown_texts_by_service(run_dir).values())
+
+
+def process_costs(texts_by_service: dict[str, str], env_steps: int) -> dict[str, dict[str, float | None]]:
+    """Each service's CPU and memory over this segment, from its final /metrics: CPU seconds and milliseconds
+    per env step (env workers included), resident MiB at the end (workers included) and its own process's
+    peak resident MiB (None where the system does not say). The edge's real costs, beside the WAN bytes."""
+    costs: dict[str, dict[str, float | None]] = {}
+    for name, text in texts_by_service.items():
+        cost = scrape.process_cost(text)
+        peak = cost.peak_resident_bytes
+        costs[name] = {
+            "cpu_seconds": round(cost.cpu_seconds, 3),
+            "cpu_ms_per_env_step": round(1000 * cost.cpu_seconds / env_steps, 4) if env_steps else None,
+            "resident_mib": round(cost.resident_bytes / 2**20, 1),
+            "peak_resident_mib": None if math.isnan(peak) else round(peak / 2**20, 1),
+        }
+    return costs
 
 
 def build_summary(
@@ -71,7 +94,8 @@ def build_summary(
     curve: list[dict[str, float]],
     offset: dict[str, float] | None = None,
 ) -> dict[str, Any]:
-    """The run summary: settings, env steps, and bytes / messages / elements per link, phase and payload.
+    """The run summary: settings, env steps, bytes / messages / elements per link, phase and payload, and each
+    service's CPU and memory (`processes`).
 
     Counters are this segment's (services that died and were restarted included: `restarts` counts them);
     `resumed_at` is the curve point earlier segments of a resumed run ended at
@@ -79,7 +103,8 @@ def build_summary(
     counters; each point's `seconds` count service-serving time over all segments.
     """
     offset = offset or files.zero_point()
-    texts = shutdown_texts(run_dir) + supervisor.retired_texts()  # a restarted service's earlier counters too
+    final_texts = shutdown_texts_by_service(run_dir)
+    texts = list(final_texts.values()) + supervisor.retired_texts()  # a restarted service's earlier counters too
     final = curve_point(texts) | {"seconds": round(elapsed_s, 3)}
     extend_curve(curve, files.shifted(final, offset), run_dir)
     steps = int(scrape.total(texts, f"{ENV_STEPS}_total"))
@@ -103,6 +128,7 @@ def build_summary(
         "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
         "links": links,
         "cloud_h264_shadow": cloud_h264_shadow(texts, links, steps),
+        "processes": process_costs(final_texts, steps),
         "curve": curve,
     }
 
