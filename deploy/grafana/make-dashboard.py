@@ -38,6 +38,7 @@ OUT = Path(__file__).resolve().parent / "dashboards" / "splitrl-network.json"
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="prometheus")  # provisioning/datasources/prometheus.yml
 WAN = f'link=~"{"|".join(sorted(WAN_LINKS))}"'
 RATE = "[$__rate_interval]"
+SPLITRL = 'tier!=""'  # splitrl's own targets (deploy/prometheus/prometheus.yml labels them edge or cloud)
 GRAPH_HEIGHT, NUMBER_HEIGHT = 8, 6  # grid rows
 
 Panel = timeseries.Panel | stat.Panel
@@ -291,6 +292,37 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     "{{method}} {{code}}",
                 ),
                 description="Bad input refused by a service (0 when nothing was refused).",
+            ),
+        ],
+    ),
+    (
+        "What each process costs (the edge's besides its WAN bytes)",
+        [
+            graph(
+                "Resident memory per service, and its peak",
+                query(
+                    f"sum by (tier, service, instance) (process_resident_memory_bytes{{{SPLITRL}}})"
+                    f" + sum by (tier, service, instance) (splitrl_worker_resident_memory_bytes{{{SPLITRL}}})",
+                    "{{service}} ({{tier}}, {{instance}})",
+                ),
+                query(
+                    f"max by (tier, service, instance) (splitrl_process_peak_resident_memory_bytes{{{SPLITRL}}})",
+                    "{{service}} peak ({{tier}}, {{instance}})",
+                ),
+                unit="bytes",
+                description="Now: the service's process and its env workers (environment --env-workers). Peak: "
+                "the service's own process since it started, what a device must have free for it.",
+            ),
+            graph(
+                "CPU per env step, per service",
+                query(
+                    f"1000 * (sum by (tier, service, instance) (rate(process_cpu_seconds_total{{{SPLITRL}}}{RATE}))"
+                    f" + sum by (tier, service, instance) (rate(splitrl_worker_cpu_seconds{{{SPLITRL}}}{RATE})))"
+                    f" / scalar(sum(rate(splitrl_env_steps_total{RATE})))",
+                    "{{service}} ({{tier}}, {{instance}})",
+                ),
+                unit="ms",
+                description="CPU milliseconds (user + system, env workers included) per agent step of every env.",
             ),
         ],
     ),
