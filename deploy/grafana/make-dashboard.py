@@ -306,12 +306,13 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     "{{service}} ({{tier}}, {{instance}})",
                 ),
                 query(
-                    f"max by (tier, service, instance) (splitrl_process_peak_resident_memory_bytes{{{SPLITRL}}})",
+                    f"sum by (tier, service, instance) (splitrl_process_peak_resident_memory_bytes{{{SPLITRL}}})"
+                    f" + sum by (tier, service, instance) (splitrl_worker_peak_resident_memory_bytes{{{SPLITRL}}})",
                     "{{service}} peak ({{tier}}, {{instance}})",
                 ),
                 unit="bytes",
-                description="Now: the service's process and its env workers (environment --env-workers). Peak: "
-                "the service's own process since it started, what a device must have free for it.",
+                description="The service's process and its env workers (environment --env-workers), now and at "
+                "their peaks since they started (summed: an upper bound), what a device must have free for them.",
             ),
             graph(
                 "CPU per env step, per service",
@@ -322,7 +323,8 @@ ROWS: list[tuple[str, list[Panel]]] = [
                     "{{service}} ({{tier}}, {{instance}})",
                 ),
                 unit="ms",
-                description="CPU milliseconds (user + system, env workers included) per agent step of every env.",
+                description="CPU milliseconds (user + system, env workers included) per agent step of every "
+                "env of every edge: with several edges, an edge process's share of all of their steps.",
             ),
         ],
     ),

@@ -43,7 +43,9 @@ def test_learning_bench_trains_in_segments_evaluates_each_and_resumes(tmp_path):
     table = (tmp_path / "out" / "learning.md").read_text()
     assert "| cloud:frame | 0 | 1,200 |" in table
     edge_costs = table[table.index("| row | seed | environment: CPU ms/step |") :].splitlines()
-    assert edge_costs[2].startswith("| cloud:frame | 0 | ")  # the edge's own costs, from summary.json
+    row, seed, *costs = (cell.strip() for cell in edge_costs[2].strip("|").split("|"))
+    assert (row, seed) == ("cloud:frame", "0")  # the edge's own costs, from summary.json: CPU ms/step, MiB, peak
+    assert len(costs) == 6 and all(float(cost) > 0 for cost in costs), edge_costs[2]
     assert (tmp_path / "out" / "learning.png").stat().st_size > 0
 
     again = bench(tmp_path, 1200, lr_anneal_steps=1200)  # everything done: nothing is trained or evaluated again

@@ -52,3 +52,8 @@ async def test_two_groups_stream_separately_and_count_every_step(env_workers: bo
     worker_cpu = scrape.total([texts["environment"]], "splitrl_worker_cpu_seconds")
     worker_bytes = scrape.total([texts["environment"]], "splitrl_worker_resident_memory_bytes")
     assert (worker_cpu > 0 and worker_bytes > 10 * 2**20) if env_workers else (worker_cpu == worker_bytes == 0)
+    # The service's peak counts its workers' peaks too, so it is never below what it holds now.
+    cost = scrape.process_cost(texts["environment"])
+    worker_peak = scrape.total([texts["environment"]], "splitrl_worker_peak_resident_memory_bytes")
+    assert (worker_peak >= worker_bytes) if env_workers else (worker_peak == 0)
+    assert cost.resident_bytes <= cost.peak_resident_bytes

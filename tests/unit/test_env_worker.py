@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splitrl.core.env_worker import WorkerVectorEnv, group_envs
+from splitrl.core.env_worker import NO_USAGE, ProcessUsage, WorkerVectorEnv, group_envs
 
 FAST_ENV = "splitrl/Catch-v0"
 
@@ -57,18 +57,20 @@ def test_a_worker_steps_exactly_as_this_process_would() -> None:
 
 
 def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends(worker: WorkerVectorEnv) -> None:
-    async def run() -> tuple[tuple[float, float], tuple[float, float]]:
+    async def run() -> tuple[ProcessUsage, ProcessUsage]:
         for _ in range(200):
             await worker.step(np.array([0, 1]))
         running = worker.usage()
         worker.close()
         return running, worker.usage()
 
-    (cpu_seconds, resident), (final_cpu_seconds, final_resident) = asyncio.run(run())
-    assert cpu_seconds > 0 and resident > 10 * 2**20  # it imported gymnasium and numpy at least
-    assert final_cpu_seconds >= cpu_seconds and final_resident > 0
+    running, final = asyncio.run(run())
+    assert running.cpu_seconds > 0 and running.resident_bytes > 10 * 2**20  # it imported gymnasium and numpy
+    assert running.resident_bytes <= running.peak_resident_bytes  # its own VmHWM, read from /proc/PID/status
+    assert final.cpu_seconds >= running.cpu_seconds and final.resident_bytes > 0
+    assert final.peak_resident_bytes >= running.peak_resident_bytes
     local = group_envs(FAST_ENV, {}, 1, 36, 1, worker=False)
-    assert local.usage() == (0.0, 0.0)
+    assert local.usage() == NO_USAGE == (0.0, 0.0, 0.0)
     local.close()
 
 

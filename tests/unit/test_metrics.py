@@ -143,13 +143,16 @@ def test_a_service_exports_its_cpu_resident_memory_and_a_peak_no_lower(registry)
     assert 0 < cost.resident_bytes <= cost.peak_resident_bytes
 
 
-def test_process_cost_adds_worker_processes_and_leaves_an_unknown_peak_unknown():
+def test_process_cost_adds_worker_processes_and_leaves_what_is_not_exported_unknown():
     text = (
         "process_cpu_seconds_total 2.5\n"
         "process_resident_memory_bytes 100\n"
         "splitrl_worker_cpu_seconds 1.5\n"
         "splitrl_worker_resident_memory_bytes 20\n"
+        "splitrl_worker_peak_resident_memory_bytes 40\n"
         "splitrl_process_peak_resident_memory_bytes 150\n"
     )
-    assert scrape.process_cost(text) == scrape.ProcessCost(cpu_seconds=4.0, resident_bytes=120, peak_resident_bytes=150)
-    assert math.isnan(scrape.process_cost("process_cpu_seconds_total 1\n").peak_resident_bytes)
+    assert scrape.process_cost(text) == scrape.ProcessCost(cpu_seconds=4.0, resident_bytes=120, peak_resident_bytes=190)
+    unknown = scrape.process_cost("splitrl_worker_cpu_seconds 0\n")  # no process_* series: not Linux
+    assert math.isnan(unknown.cpu_seconds) and math.isnan(unknown.resident_bytes)
+    assert math.isnan(unknown.peak_resident_bytes)

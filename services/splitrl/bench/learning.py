@@ -23,9 +23,9 @@ from typing import Any
 from splitrl.bench.learning_report import write_learning_report
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.bench.settings import LearningBenchSettings, row_flags
-from splitrl.bench.throughput_report import EDGE_SERVICES
 from splitrl.core.args import load_config, to_argv, validate_settings
 from splitrl.run import files as run_dir_files
+from splitrl.run.registry import EDGE_SERVICES
 from splitrl.run.summary import mean_return_between
 
 

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from splitrl.run.registry import EDGE_SERVICES
+
 
 def write_learning_report(results: list[dict[str, Any]], out: Path) -> list[Path]:
     """Write learning.md, learning.json and learning.png for `results` (splitrl.bench.learning.summarize_run)."""
@@ -114,11 +116,11 @@ def edge_cost_table_lines(results: list[dict[str, Any]]) -> list[str]:
         "The edge's own costs in each run's last segment (services start afresh with each segment): CPU ms per "
         "agent step (start-up included), resident MiB at the end and at its peak.",
         "",
-        "| row | seed | environment: CPU ms/step | MiB | peak MiB | edge-encoder: CPU ms/step | MiB | peak MiB |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| row | seed | " + " | ".join(f"{name}: CPU ms/step | MiB | peak MiB" for name in EDGE_SERVICES) + " |",
+        "| --- | ---: |" + " ---: | ---: | ---: |" * len(EDGE_SERVICES),
     ]
     for r in costed:
-        cells = [_cost_cells(r["last_segment_edge_costs"].get(name)) for name in ("environment", "edge-encoder")]
+        cells = [_cost_cells(r["last_segment_edge_costs"].get(name)) for name in EDGE_SERVICES]
         lines.append(f"| {r['row']} | {r['seed']} | " + " | ".join(cells) + " |")
     return lines
 

@@ -10,6 +10,7 @@ from typing import Any
 from splitrl.bench.baseline import BaselineResult
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
+from splitrl.run.registry import EDGE_SERVICES
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -21,9 +22,7 @@ HOPS = (
     "inference-compute",
     "inference-replay",
 )
-SERVICES = ("environment", "edge-encoder", "inference", "replay", "learner")
-#: The processes that run on the edge device (the rest run in the cloud).
-EDGE_SERVICES = SERVICES[:2]
+SERVICES = (*EDGE_SERVICES, "inference", "replay", "learner")  # the tables' order: edge first
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,28 @@ import os
 import signal
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import gymnasium as gym
 import numpy as np
 
 from splitrl.core.envs import make_vector_env, skip_unused_pygame_modules
+from splitrl.core.memory import peak_resident_bytes
 
 #: (frames, rewards, terminated, truncated, info) of one vector step, as gymnasium returns it.
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
+
+
+class ProcessUsage(NamedTuple):
+    """What a worker process used: CPU seconds (user + system), resident bytes now, and at its peak."""
+
+    cpu_seconds: float
+    resident_bytes: float
+    peak_resident_bytes: float
+
+
+#: A group stepped in the caller's own process uses nothing of its own.
+NO_USAGE = ProcessUsage(0.0, 0.0, 0.0)
 
 
 class GroupEnvs(Protocol):
@@ -40,9 +53,8 @@ class GroupEnvs(Protocol):
 
     def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]: ...
 
-    def usage(self) -> tuple[float, float]:
-        """(CPU seconds, resident bytes) of the process(es) stepping these envs besides the caller's; (0, 0)
-        when they step in the caller's own process."""
+    def usage(self) -> ProcessUsage:
+        """What the process stepping these envs has used, when it is not the caller's (NO_USAGE when it is)."""
         ...
 
     async def step(self, actions: np.ndarray) -> Step: ...
@@ -73,8 +85,8 @@ class LocalVectorEnv:
     def reset(self, seed: int) -> tuple[np.ndarray, dict[str, Any]]:
         return self.envs.reset(seed=seed)
 
-    def usage(self) -> tuple[float, float]:
-        return 0.0, 0.0
+    def usage(self) -> ProcessUsage:
+        return NO_USAGE
 
     async def step(self, actions: np.ndarray) -> Step:
         return self.envs.step(actions)  # type: ignore[return-value]
@@ -102,7 +114,7 @@ class WorkerVectorEnv:
         child.close()
         self.num_envs = num_envs
         self._space: gym.Space[Any] | None = None
-        self._last_usage = (0.0, 0.0)
+        self._last_usage = NO_USAGE
         self._closed = False
         #: Set while a command's answer is owed. A caller that stops waiting (cancelled) leaves the answer in
         #: the pipe and the envs a step further than it knows: the env is unusable after that, and says so.
@@ -130,8 +142,8 @@ class WorkerVectorEnv:
             loop.remove_reader(fd)
         return self._answer()  # type: ignore[no-any-return]
 
-    def usage(self) -> tuple[float, float]:
-        """The worker's (CPU seconds, resident bytes), from /proc; once it has been closed, as last seen.
+    def usage(self) -> ProcessUsage:
+        """The worker's usage, from /proc; once it has been closed, as last seen.
 
         Safe from another thread (Prometheus collects on its own): it reads /proc only, never waits on the
         process."""
@@ -174,15 +186,18 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
-def _proc_usage(pid: int) -> tuple[float, float] | None:
-    """(user + system CPU seconds, resident bytes) of process `pid` (Linux /proc); None if it is gone."""
+def _proc_usage(pid: int) -> ProcessUsage | None:
+    """The usage of process `pid` (Linux /proc); None if it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         statm = Path(f"/proc/{pid}/statm").read_text()
     except OSError:
         return None
+    peak = peak_resident_bytes(pid)
+    if peak != peak:  # NaN: it ended between the reads
+        return None
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": field 3 of proc(5) is fields[0]
-    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(statm.split()[1]) * _PAGE_BYTES
+    return ProcessUsage((int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(statm.split()[1]) * _PAGE_BYTES, peak)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -104,11 +104,11 @@ class FreedMemory:
         return release_free_memory()
 
 
-def peak_resident_bytes() -> float:
-    """This process's peak resident memory since it started, in bytes (Linux's VmHWM); NaN where the system does
-    not say (no /proc/self/status), which Prometheus reads as unknown."""
+def peak_resident_bytes(pid: int | None = None) -> float:
+    """The peak resident memory of process `pid` (None: this one) since it started, in bytes (Linux's VmHWM);
+    NaN where the system does not say (no /proc, or the process is gone), which Prometheus reads as unknown."""
     try:
-        with open("/proc/self/status") as status:
+        with open(f"/proc/{'self' if pid is None else pid}/status") as status:
             for line in status:
                 if line.startswith("VmHWM:"):
                     return float(int(line.split()[1]) * 1024)  # reported in kB

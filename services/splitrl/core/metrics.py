@@ -51,6 +51,7 @@ VIDEO_SHADOW_BYTES = "splitrl_video_shadow_bytes"
 #: CPU and memory of a service's worker processes (environment --env-workers), beside its own process_* series.
 WORKER_CPU_SECONDS = "splitrl_worker_cpu_seconds"
 WORKER_RESIDENT_BYTES = "splitrl_worker_resident_memory_bytes"
+WORKER_PEAK_RESIDENT_BYTES = "splitrl_worker_peak_resident_memory_bytes"
 #: The service process's own peak resident memory (process_resident_memory_bytes is the current figure).
 PEAK_RESIDENT_BYTES = "splitrl_process_peak_resident_memory_bytes"
 
@@ -337,10 +338,15 @@ class Metrics:
             "Resident memory of this service's worker processes (bytes; as last seen for ended workers).",
             registry=registry,
         )
+        self.worker_peak_resident_bytes = Gauge(
+            WORKER_PEAK_RESIDENT_BYTES,
+            "The sum of this service's worker processes' peak resident memory (bytes; 0 without workers).",
+            registry=registry,
+        )
         self.peak_resident_bytes = Gauge(
             PEAK_RESIDENT_BYTES,
             "Peak resident memory (bytes) of this service's own process since it started (VmHWM; NaN where the "
-            "system does not say): what a device must have free for it. Its worker processes are not included.",
+            "system does not say); its worker processes' are splitrl_worker_peak_resident_memory_bytes.",
             registry=registry,
         )
         self.peak_resident_bytes.set_function(peak_resident_bytes)

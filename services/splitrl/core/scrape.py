@@ -6,6 +6,7 @@ check the counters. Both ends of a link appear (direction sent / received).
 
 from __future__ import annotations
 
+import math
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from splitrl.core.metrics import (
     PEAK_RESIDENT_BYTES,
     WAN_LINKS,
     WORKER_CPU_SECONDS,
+    WORKER_PEAK_RESIDENT_BYTES,
     WORKER_RESIDENT_BYTES,
 )
 
@@ -92,10 +94,10 @@ def total(texts: Iterable[str], sample_name: str) -> float:
 
 @dataclass(frozen=True)
 class ProcessCost:
-    """What one service used, from one exposition of its /metrics (its final one: up to then).
-
-    `cpu_seconds` (user + system) and `resident_bytes` (now) count its env worker processes too;
-    `peak_resident_bytes` is its own process's high-water mark (NaN where the system does not say)."""
+    """What one service used, from one exposition of its /metrics (its final one: up to then), its env worker
+    processes included: CPU seconds (user + system), resident bytes now, and peak resident bytes (its process's
+    peak plus each worker's: an upper bound on their peak together). NaN for what the exposition does not say
+    (the process_* series and the peak need Linux's /proc)."""
 
     cpu_seconds: float
     resident_bytes: float
@@ -104,11 +106,15 @@ class ProcessCost:
 
 def process_cost(text: str) -> ProcessCost:
     """The ProcessCost in one service's exposition `text`."""
-    peak = [value for name, _, value in samples(text) if name == PEAK_RESIDENT_BYTES]
+    values: dict[str, float] = {name: value for name, _, value in samples(text)}
+
+    def own_and_workers(own: str, workers: str) -> float:
+        return values.get(own, math.nan) + values.get(workers, 0.0)
+
     return ProcessCost(
-        cpu_seconds=total([text], "process_cpu_seconds_total") + total([text], WORKER_CPU_SECONDS),
-        resident_bytes=total([text], "process_resident_memory_bytes") + total([text], WORKER_RESIDENT_BYTES),
-        peak_resident_bytes=peak[0] if peak else float("nan"),
+        cpu_seconds=own_and_workers("process_cpu_seconds_total", WORKER_CPU_SECONDS),
+        resident_bytes=own_and_workers("process_resident_memory_bytes", WORKER_RESIDENT_BYTES),
+        peak_resident_bytes=own_and_workers(PEAK_RESIDENT_BYTES, WORKER_PEAK_RESIDENT_BYTES),
     )
 
 

@@ -64,8 +64,11 @@ class EnvironmentService(LoopService):
             for g, n in enumerate(sizes)
         ]
         self.action_spec = action_spec_from_space(self.groups[0][1].single_action_space)
-        metrics.worker_cpu_seconds.set_function(lambda: sum(envs.usage()[0] for _, envs in self.groups))
-        metrics.worker_resident_bytes.set_function(lambda: sum(envs.usage()[1] for _, envs in self.groups))
+        metrics.worker_cpu_seconds.set_function(lambda: sum(envs.usage().cpu_seconds for _, envs in self.groups))
+        metrics.worker_resident_bytes.set_function(lambda: sum(envs.usage().resident_bytes for _, envs in self.groups))
+        metrics.worker_peak_resident_bytes.set_function(
+            lambda: sum(envs.usage().peak_resident_bytes for _, envs in self.groups)
+        )
         self.steps_taken = 0
         self.loop = BackgroundLoop("environment loop")
 

@@ -194,7 +194,7 @@ class Supervisor:
 
     def retired_texts(self, name: str | None = None) -> list[str]:
         """The last /metrics scraped from each dead incarnation (of `name`, or of every service)."""
-        return self._retired[name] if name else [text for texts in self._retired.values() for text in texts]
+        return self._retired.get(name, []) if name else [text for texts in self._retired.values() for text in texts]
 
     def watch(self) -> None:
         """Restart each service that died since the last call; GaveUp past `max_restarts` for one service."""

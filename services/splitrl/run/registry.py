@@ -18,6 +18,9 @@ class Served(NamedTuple):
     help: str
 
 
+#: The services that run on the edge device, beside the environment (the others run in the cloud).
+EDGE_SERVICES = ("environment", "edge-encoder")
+
 #: Every service, in the order a run starts them (each one's dependencies first).
 SERVICES: dict[str, Served] = {
     "replay": Served(

@@ -68,19 +68,28 @@ def shutdown_texts(run_dir: Path) -> list[str]:
     return list(shutdown_texts_by_service(run_dir).values())
 
 
-def process_costs(texts_by_service: dict[str, str], env_steps: int) -> dict[str, dict[str, float | None]]:
-    """Each service's CPU and memory over this segment, from its final /metrics: CPU seconds and milliseconds
-    per env step (env workers included), resident MiB at the end (workers included) and its own process's
-    peak resident MiB (None where the system does not say). The edge's real costs, beside the WAN bytes."""
+def process_costs(
+    texts_by_service: dict[str, str], retired: dict[str, list[str]], env_steps: int
+) -> dict[str, dict[str, float | None]]:
+    """Each service's CPU and memory over this segment, its env workers included (scrape.ProcessCost): CPU
+    seconds and milliseconds per env step, resident MiB at the end and peak resident MiB. `texts_by_service`:
+    each service's final /metrics; `retired`: the last /metrics of each earlier life of a service that was
+    restarted, whose CPU counts too and whose peak may be the highest. None for what was not measured. The
+    edge's real costs, beside the WAN bytes."""
+
+    def known(value: float, scale: float, digits: int) -> float | None:
+        return None if math.isnan(value) else round(value / scale, digits)
+
     costs: dict[str, dict[str, float | None]] = {}
     for name, text in texts_by_service.items():
-        cost = scrape.process_cost(text)
-        peak = cost.peak_resident_bytes
+        lives = [scrape.process_cost(earlier) for earlier in retired.get(name, [])] + [scrape.process_cost(text)]
+        cpu_seconds = sum(life.cpu_seconds for life in lives)
+        peak = max((life.peak_resident_bytes for life in lives), key=lambda v: -math.inf if math.isnan(v) else v)
         costs[name] = {
-            "cpu_seconds": round(cost.cpu_seconds, 3),
-            "cpu_ms_per_env_step": round(1000 * cost.cpu_seconds / env_steps, 4) if env_steps else None,
-            "resident_mib": round(cost.resident_bytes / 2**20, 1),
-            "peak_resident_mib": None if math.isnan(peak) else round(peak / 2**20, 1),
+            "cpu_seconds": known(cpu_seconds, 1, 3),
+            "cpu_ms_per_env_step": known(cpu_seconds, env_steps / 1000, 4) if env_steps else None,
+            "resident_mib": known(lives[-1].resident_bytes, 2**20, 1),
+            "peak_resident_mib": known(peak, 2**20, 1),
         }
     return costs
 
@@ -128,7 +137,7 @@ def build_summary(
         "wan_bytes_per_env_step": {phase: b / steps for phase, b in wan_bytes.items()} if steps else {},
         "links": links,
         "cloud_h264_shadow": cloud_h264_shadow(texts, links, steps),
-        "processes": process_costs(final_texts, steps),
+        "processes": process_costs(final_texts, {name: supervisor.retired_texts(name) for name in final_texts}, steps),
         "curve": curve,
     }
 

@@ -1,0 +1,45 @@
+"""splitrl.run.summary.process_costs: each service's CPU and memory in a run's summary.json."""
+
+from __future__ import annotations
+
+from splitrl.run.summary import process_costs
+
+
+def exposition(cpu_s: float, resident: float, peak: float | None, *, workers: tuple[float, float, float] = (0, 0, 0)):
+    """A service's /metrics as far as process_costs reads it (peak None: the system did not say)."""
+    lines = [
+        f"process_cpu_seconds_total {cpu_s}",
+        f"process_resident_memory_bytes {resident}",
+        f"splitrl_worker_cpu_seconds {workers[0]}",
+        f"splitrl_worker_resident_memory_bytes {workers[1]}",
+        f"splitrl_worker_peak_resident_memory_bytes {workers[2]}",
+    ]
+    if peak is not None:
+        lines.append(f"splitrl_process_peak_resident_memory_bytes {peak}")
+    return "\n".join(lines) + "\n"
+
+
+MIB = 2**20
+KEYS = ("cpu_seconds", "cpu_ms_per_env_step", "resident_mib", "peak_resident_mib")
+
+
+def cost(*values: float | None) -> dict[str, float | None]:
+    return dict(zip(KEYS, values, strict=True))
+
+
+def test_a_services_costs_are_its_own_and_its_workers_in_mib_and_ms_per_env_step():
+    texts = {"environment": exposition(1.0, 60 * MIB, 70 * MIB, workers=(3.0, 100 * MIB, 120 * MIB))}
+    assert process_costs(texts, {}, env_steps=2000) == {"environment": cost(4.0, 2.0, 160.0, 190.0)}
+
+
+def test_a_restarted_service_counts_every_life_and_keeps_its_highest_peak():
+    texts = {"learner": exposition(5.0, 300 * MIB, 310 * MIB)}
+    earlier = [exposition(2.0, 390 * MIB, 400 * MIB), exposition(1.0, 280 * MIB, None)]
+    assert process_costs(texts, {"learner": earlier}, env_steps=1000)["learner"] == cost(8.0, 8.0, 300.0, 400.0)
+
+
+def test_what_was_not_measured_is_none_not_zero():
+    texts = {"replay": exposition(0.5, 50 * MIB, None), "inference": "splitrl_env_steps_total 0\n"}
+    costs = process_costs(texts, {}, env_steps=0)
+    assert costs["replay"] == cost(0.5, None, 50.0, None)
+    assert costs["inference"] == dict.fromkeys(KEYS)
