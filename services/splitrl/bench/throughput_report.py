@@ -54,7 +54,8 @@ class StackResult:
     #: cpu_seconds), and the run's env steps (all of them).
     resident_bytes: dict[str, float] = field(default_factory=dict)
     env_steps_total: int = 0
-    #: Each service process's own peak resident memory (bytes), where the system says.
+    #: Each service's peak resident memory (bytes): its process's plus its workers' (an upper bound), where the
+    #: system says.
     peak_resident_bytes: dict[str, float] = field(default_factory=dict)
     #: Learner updates inside the rate's window.
     updates: int = 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import multiprocessing
 import os
 import signal
@@ -194,7 +195,7 @@ def _proc_usage(pid: int) -> ProcessUsage | None:
     except OSError:
         return None
     peak = peak_resident_bytes(pid)
-    if peak != peak:  # NaN: it ended between the reads
+    if math.isnan(peak):  # it ended between the reads
         return None
     fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": field 3 of proc(5) is fields[0]
     return ProcessUsage((int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(statm.split()[1]) * _PAGE_BYTES, peak)
