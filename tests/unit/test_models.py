@@ -55,6 +55,38 @@ def test_encoder_scales_uint8_to_unit_range():
     assert torch.allclose(encoder(frames), encoder.net(frames.float() / 255.0))
 
 
+def test_with_channels_last_weights_the_frames_reach_the_first_convolution_channels_last_with_the_same_numbers():
+    """The learner's layout (learner.trainer.learner_network): frames are reordered while still uint8, and the
+    outputs and gradients are those of the float frames reordered by the convolution itself."""
+    encoder = Encoder(width=4096).to(memory_format=torch.channels_last)
+    frames = stacks()
+    layouts: list[bool] = []
+    first_conv = encoder.net[0][0]
+    hook = first_conv.register_forward_pre_hook(
+        lambda _, inputs: layouts.append(inputs[0].is_contiguous(memory_format=torch.channels_last))
+    )
+    outputs = encoder(frames)
+    outputs.square().sum().backward()
+    gradients = [p.grad.clone() for p in encoder.parameters()]
+    hook.remove()
+    encoder.zero_grad()
+    expected = encoder.net(frames.float() / 255.0)
+    expected.square().sum().backward()
+    assert layouts == [True]
+    assert torch.equal(outputs, expected)
+    assert all(torch.equal(g, p.grad) for g, p in zip(gradients, encoder.parameters(), strict=True))
+
+
+def test_with_contiguous_weights_the_frames_keep_their_layout():
+    """Inference and the edge act on a few rows, where channels-last was slower (docs/throughput/
+    carracing-channels-last): their encoders keep the layout the frames come in."""
+    encoder = Encoder(width=4096)
+    layouts: list[bool] = []
+    encoder.net[0][0].register_forward_pre_hook(lambda _, inputs: layouts.append(inputs[0].is_contiguous()))
+    encoder(stacks())
+    assert layouts == [True]
+
+
 def catch_stacks(steps: int) -> torch.Tensor:
     """uint8 [steps, 4, 36, 36]: Catch played by a fixed action cycle, stacked as the edge stacks (mostly black)."""
     env = make_env(CATCH_ID, {}, frame_size=36, action_repeat=1)

@@ -7,14 +7,17 @@ import math
 
 import gymnasium as gym
 import pytest
+import torch
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from splitrl.bench import baseline
 from splitrl.bench.baseline import BaselineResult, run_sync_ppo, steady_span
 from splitrl.bench.link import LinkResult, tensor_message
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput import read_stack, run_settings
 from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
 from splitrl.core import scrape, wire
+from splitrl.learner.trainer import to_training_layout
 
 
 def _exposition(values: list[float], buckets: tuple[float, ...], **labels: str) -> str:
@@ -93,7 +96,7 @@ def test_every_run_the_bench_times_is_described_by_its_flags() -> None:
     assert run_settings(bench.model_copy(update={"train_every_step": True}), "cloud").train_every_step
 
 
-def test_sync_ppo_trains_once_per_chunks_per_update_chunks() -> None:
+def test_sync_ppo_trains_once_per_chunks_per_update_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     # 2 envs, chunks of 4: a chunk per env is cut at vector steps 5, 9, 13, ... (a cut waits for its bootstrap
     # step is acted on), so 4 chunks are in after vector steps 9, 17, 25, and the final act after the 32nd
     # vector step (64 agent steps) cuts the last rollout for its update, as SB3 ends with one: 4 updates.
@@ -101,8 +104,13 @@ def test_sync_ppo_trains_once_per_chunks_per_update_chunks() -> None:
         env="splitrl/Catch-v0", frame_size=36, width=32, num_envs=2, unroll_length=4, chunks_per_update=4,
         epochs=2, minibatches=2, steps=64,
     )  # fmt: skip
+    laid_out: list[torch.nn.Module] = []
+    monkeypatch.setattr(
+        baseline, "to_training_layout", lambda network: laid_out.append(network) or to_training_layout(network)
+    )
     result = run_sync_ppo(run_settings(bench, "cloud"), warmup_fraction=0.0)
     assert result.total_steps == result.steps == 64 and result.updates == 4
+    assert len(laid_out) == 1  # the acting network trains in the stack learner's layout
     assert result.update_us_per_step is not None and result.update_us_per_step > 0
     assert result.env_us_per_step is not None and result.model_us_per_step is not None
     assert result.wall_seconds >= result.seconds > 0

@@ -29,7 +29,7 @@ from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.trajectories import TrajectoryCutter
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer
+from splitrl.learner.trainer import Batch, Trainer, to_training_layout
 from splitrl.run.plan import shared_values
 from splitrl.run.settings import RunSettings
 
@@ -153,7 +153,8 @@ class _SyncLearner:
     def __init__(self, policy: Policy, run: RunSettings) -> None:
         settings = LearnerSettings(**(shared_values(run, LearnerSettings) | {"mode": "cloud"}))
         self.policy = policy
-        self.trainer = Trainer(policy.network, settings)  # the acting network itself: no weights to ship
+        # The acting network itself (no weights to ship), in the layout the stack's learner trains in.
+        self.trainer = Trainer(to_training_layout(policy.network), settings)
         self.cutter = TrajectoryCutter(run.unroll_length)
         self.chunks_per_update = run.chunks_per_update
         self.chunks: list[TrajectoryTensors] = []

@@ -84,6 +84,12 @@ class Encoder(nn.Module):
         self.input_shape = (frame_stack, frame_size, frame_size)
 
     def forward(self, stacks: torch.Tensor) -> torch.Tensor:
+        first_conv_weight = next(self.parameters())
+        if first_conv_weight.is_contiguous(memory_format=torch.channels_last):  # the learner's layout
+            # Reorder while the frames are 1 byte per number: the float copy is then born in the convolutions'
+            # layout, so neither the forward pass nor the first convolution's backward reorders 4 bytes per
+            # number (the CarRacing learner's convolutions, 128 rows: ~45 instead of ~54 ms forward and backward).
+            stacks = stacks.contiguous(memory_format=torch.channels_last)
         return self.net(stacks.float() / 255.0)
 
 

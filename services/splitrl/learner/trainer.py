@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
@@ -22,6 +23,7 @@ from torch import nn
 
 from splitrl.core import precision
 from splitrl.core.envs import action_spec_of
+from splitrl.core.memory import reuse_freed_blocks
 from splitrl.core.models import cloud_network
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, linear_anneal, ppo_loss, vtrace
@@ -168,13 +170,17 @@ class Trainer:
         self.settings = settings
         self.edges = edges
         self.parallel = parallel
-        self.optimizer = torch.optim.Adam(network.parameters(), lr=settings.learning_rate, eps=1e-5)
+        self.optimizer = FusedAdam(network.parameters(), lr=settings.learning_rate)
         #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
         self.generator = torch.Generator().manual_seed(settings.seed)
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
         precision.warn_if_emulated(settings.train_precision, "train_precision", "the learner's", log)
+        # A minibatch's inputs and activations (CarRacing: 19 and 9 MB) come back from the heap at every step
+        # instead of from fresh mappings that fault every page in: a float32 step of the CarRacing network took
+        # ~70 instead of ~84 ms, bfloat16 ~43 instead of ~57 (benchmarks/learner_step.py). Process-wide, once.
+        reuse_freed_blocks()
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
         """One PPO update on `batch`; `version` is the number of updates before it (the policy version it
@@ -363,12 +369,34 @@ class Trainer:
         return result.pg_advantages, result.value_targets, target_log_probs
 
 
+class FusedAdam(torch.optim.Adam):
+    """The learner's optimizer: torch.optim.Adam (eps 1e-5, CleanRL's) run fused, one kernel over every parameter
+    per step instead of about ten passes over each tensor. Same update up to rounding; one step of the CarRacing
+    cloud network (2.2M parameters, one thread) took ~1 ms instead of ~4.5 (benchmarks/learner_step.py).
+
+    Invariant: every step runs fused, also after `load_state_dict` of a state saved unfused (a checkpoint from
+    before this class, or torch.optim.Adam's), whose groups would otherwise switch it back."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float) -> None:
+        super().__init__(params, lr=lr, eps=1e-5, fused=True)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        groups = [{**group, "fused": True, "foreach": None} for group in state_dict["param_groups"]]
+        super().load_state_dict({**state_dict, "param_groups": groups})
+
+
 def learner_network(settings: LearnerSettings) -> nn.Module:
     """The network a learner trains in `settings.mode` (models.cloud_network), with weights from torch's global
-    seed. Convolution weights are in channels-last layout (cloud mode's encoder; the split modes' head has none):
-    oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096, 128 rows, one thread)
-    20-24% faster here (128 against 160-169 ms). Checkpoints and weights sent to inference are the same numbers
-    in either layout."""
+    seed, in the training layout (`to_training_layout`)."""
     network = cloud_network(settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs))
+    return to_training_layout(network)
+
+
+def to_training_layout(network: nn.Module) -> nn.Module:
+    """`network`, its convolution weights moved to channels-last layout in place (a no-op for the split modes'
+    head, which has none). oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096,
+    128 rows, one thread) 20-24% faster here (128 against 160-169 ms), and models.Encoder then reorders its frames
+    to match while they are uint8. Checkpoints and weights sent to inference are the same numbers in either
+    layout. Acting on a few rows runs no slower in it (8 CarRacing rows: 1.94 against 1.93 ms)."""
     network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
     return network
