@@ -176,6 +176,21 @@ def test_bad_flag_fails_fast_with_the_value(tmp_path):
     assert "--num-envs" in result.stderr and "'0'" in result.stderr
 
 
+def test_a_new_run_into_a_run_dir_with_checkpoints_is_refused_and_points_to_resume(tmp_path):
+    """Without --resume the learner and the edge would pick the old weights up under a fresh curve (or fail on
+    another network's shapes, as a Catch bench after a CarRacing one in the same --out did)."""
+    learner_checkpoint = tmp_path / "run" / "checkpoints" / "learner.pt"
+    learner_checkpoint.parent.mkdir(parents=True)
+    learner_checkpoint.write_bytes(b"earlier weights")
+    result = subprocess.run(
+        splitrl("up", "--steps", "10", "--run-dir", str(tmp_path / "run")), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert f"splitrl up --resume {tmp_path / 'run'}" in result.stderr
+    assert learner_checkpoint.read_bytes() == b"earlier weights"
+    assert not (tmp_path / "run" / "logs").exists()  # refused before anything started
+
+
 def test_a_service_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(

@@ -161,3 +161,15 @@ def test_no_learning_rows_trains_the_reference_peer_alone_or_is_refused():
     assert LearningBenchSettings(rows="", sb3_reference=True).rows == []
     with pytest.raises(ValueError, match="--rows needs at least one entry"):
         LearningBenchSettings(rows="")
+
+
+def test_a_new_run_over_an_earlier_runs_checkpoints_is_refused_naming_resume(tmp_path):
+    run_dir_files.refuse_a_new_run_over_checkpoints(tmp_path / "new")  # nothing there yet
+    (tmp_path / "logs-only" / run_dir_files.CHECKPOINTS_DIR).mkdir(parents=True)  # a run that never checkpointed
+    run_dir_files.refuse_a_new_run_over_checkpoints(tmp_path / "logs-only")
+    edge = tmp_path / "used" / run_dir_files.CHECKPOINTS_DIR / "edge-encoder"
+    edge.mkdir(parents=True)
+    (edge / "edge-encoder.pt").write_bytes(b"weights")
+    with pytest.raises(ValueError, match=r"holds an earlier run's checkpoints .*`splitrl up --resume .*used`"):
+        run_dir_files.refuse_a_new_run_over_checkpoints(tmp_path / "used")
+    assert (edge / "edge-encoder.pt").read_bytes() == b"weights"  # refused, nothing removed

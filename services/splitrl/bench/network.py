@@ -10,6 +10,7 @@ directory to redo it). The table, CSV and figures go to OUT (see report.py).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -125,6 +126,7 @@ def run_network_bench(settings: NetworkBenchSettings) -> int:
             run_dirs.append(run_dir)
             continue
         started = time.monotonic()
+        shutil.rmtree(run_dir, ignore_errors=True)  # a run cut short before: redone whole, from fresh weights
         try:
             finished = subprocess.run(_up_command(settings, config, seed, run_dir), stdout=subprocess.DEVNULL)
         except KeyboardInterrupt:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import time
@@ -80,6 +81,7 @@ def run_stack(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path) -> S
     """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory; with
     --profile-s, its services' sampling profiles too."""
     run = run_settings(settings, mode, run_dir)
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier bench's run of this mode: each measures a fresh run
     command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(run)]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL) as up:
         profiles = _profile_once_warm(settings, run_dir, up) if settings.profile_s else {}

@@ -367,6 +367,8 @@ def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
                 raise ValueError(f"--resume {args.resume} and --run-dir {given['run_dir']} name different runs")
             given = {**run_dir.load_settings(args.resume), **given, "run_dir": args.resume}
         up_settings = validate_settings(RunSettings, given)
+        if args.resume is None and up_settings.run_dir is not None:
+            run_dir.refuse_a_new_run_over_checkpoints(up_settings.run_dir)
         ensure_registered(up_settings.env)  # a missing env package is named before any service starts
     except ValueError as error:
         parser.exit(2, f"splitrl up: {error}\n")

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 SETTINGS_FILE = "settings.json"
+#: The learner's and the edge encoder's checkpoints (the edge's in its own folder below it).
+CHECKPOINTS_DIR = "checkpoints"
 CURVE_FILE = "curve.jsonl"
 #: One line per `splitrl eval`: the env steps and policy version evaluated, and the returns.
 EVALS_FILE = "evals.jsonl"
@@ -25,6 +27,18 @@ CURVE_KEYS = ("env_steps", "episodes", "return_sum", "updates", "wan_bytes", "se
 
 def save_settings(run_dir: Path, settings_json: str) -> None:
     (run_dir / SETTINGS_FILE).write_text(settings_json)
+
+
+def refuse_a_new_run_over_checkpoints(run_dir: Path) -> None:
+    """ValueError, quoting `run_dir`, if it holds an earlier run's checkpoints: a new run there would resume the
+    learner's and the edge's weights under a fresh curve (or fail on a different network), so it must either
+    be `--resume`d or go to another directory."""
+    checkpoints = run_dir / CHECKPOINTS_DIR
+    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.rglob("*")):
+        raise ValueError(
+            f"--run-dir {run_dir} holds an earlier run's checkpoints ({checkpoints}): go on with "
+            f"`splitrl up --resume {run_dir}`, or start this run in another --run-dir (or remove {run_dir})"
+        )
 
 
 def load_settings(run_dir: Path) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings, Settings, shard_index
 from splitrl.edge_encoder.settings import observation_store_size_for
+from splitrl.run import files as run_dir_files
 from splitrl.run.registry import SERVICES, load
 from splitrl.run.settings import SHARED_GROUPS, RunSettings
 
@@ -201,12 +202,12 @@ def plan(
         "learner": {
             "replay_address": address("replay"),
             "inference_address": address("inference"),
-            "checkpoint_dir": run_dir / "checkpoints",
+            "checkpoint_dir": run_dir / run_dir_files.CHECKPOINTS_DIR,
         },
         "edge-encoder": {
             "inference_address": address("inference"),
             "learner_address": addresses.get("learner", NOT_SERVING),  # rank 0: it relays the other ranks
-            "checkpoint_dir": run_dir / "checkpoints" / "edge-encoder",
+            "checkpoint_dir": run_dir / run_dir_files.CHECKPOINTS_DIR / "edge-encoder",
         },
         "environment": {"encoder_address": address("edge-encoder")},
     }
