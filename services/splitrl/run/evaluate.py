@@ -42,13 +42,13 @@ class Agent:
     def __init__(self, run_dir: Path, run: RunSettings, action_spec: ActionSpec) -> None:
         self.run, self.action_spec = run, action_spec
         model = run.network_config()
-        learner = _checkpoint(run_dir / "checkpoints" / "learner.pt")
+        learner = _checkpoint(run_dir_files.learner_checkpoint_dir(run_dir) / "learner.pt")
         self.version = int(learner["version"])
         self.encoder: Encoder | None = None
         self.network = cloud_network(run.mode, model, action_spec)
         if run.mode != "cloud":
             self.encoder = model.encoder()
-            edge = _checkpoint(run_dir / "checkpoints" / "edge-encoder" / "encoder.pt")
+            edge = _checkpoint(run_dir_files.edge_checkpoint_dir(run_dir) / "encoder.pt")
             self.encoder.load_state_dict(edge["encoder"])
             self.encoder.eval()
         self.network.load_state_dict(learner["network"])

@@ -29,6 +29,16 @@ def save_settings(run_dir: Path, settings_json: str) -> None:
     (run_dir / SETTINGS_FILE).write_text(settings_json)
 
 
+def learner_checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's learner (rank 0) writes its checkpoint."""
+    return run_dir / CHECKPOINTS_DIR
+
+
+def edge_checkpoint_dir(run_dir: Path) -> Path:
+    """Where a run's edge encoder writes its checkpoint."""
+    return run_dir / CHECKPOINTS_DIR / "edge-encoder"
+
+
 def refuse_a_new_run_over_checkpoints(run_dir: Path) -> None:
     """ValueError, quoting `run_dir`, if it holds an earlier run's checkpoints: a new run there would resume the
     learner's and the edge's weights under a fresh curve (or fail on a different network), so it must either

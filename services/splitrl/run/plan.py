@@ -202,12 +202,12 @@ def plan(
         "learner": {
             "replay_address": address("replay"),
             "inference_address": address("inference"),
-            "checkpoint_dir": run_dir / run_dir_files.CHECKPOINTS_DIR,
+            "checkpoint_dir": run_dir_files.learner_checkpoint_dir(run_dir),
         },
         "edge-encoder": {
             "inference_address": address("inference"),
             "learner_address": addresses.get("learner", NOT_SERVING),  # rank 0: it relays the other ranks
-            "checkpoint_dir": run_dir / run_dir_files.CHECKPOINTS_DIR / "edge-encoder",
+            "checkpoint_dir": run_dir_files.edge_checkpoint_dir(run_dir),
         },
         "environment": {"encoder_address": address("edge-encoder")},
     }
