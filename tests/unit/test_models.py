@@ -56,7 +56,7 @@ def test_encoder_scales_uint8_to_unit_range():
 
 
 def test_with_channels_last_weights_the_frames_reach_the_first_convolution_channels_last_with_the_same_numbers():
-    """The learner's layout (learner.trainer.learner_network): frames are reordered while still uint8, and the
+    """The learner's layout (learner.network.learner_network): frames are reordered while still uint8, and the
     outputs and gradients are those of the float frames reordered by the convolution itself."""
     encoder = Encoder(width=4096).to(memory_format=torch.channels_last)
     frames = stacks()

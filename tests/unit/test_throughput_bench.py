@@ -17,7 +17,7 @@ from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput import read_stack, run_settings
 from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
 from splitrl.core import scrape, wire
-from splitrl.learner.trainer import to_training_layout
+from splitrl.learner.network import to_training_layout
 
 
 def _exposition(values: list[float], buckets: tuple[float, ...], **labels: str) -> str:

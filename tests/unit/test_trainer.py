@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import math
 
 import pytest
@@ -12,6 +11,7 @@ from splitrl.core import precision as precision_module
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner import trainer as trainer_module
+from splitrl.learner.network import FusedAdam
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
 from tests.chunks import training_batch
@@ -355,57 +355,9 @@ def test_split_with_encoder_fraction_zero_trains_the_head_alone_and_sends_nothin
     assert all(bool((inputs == 0.0).all()) for inputs in network.inputs)
 
 
-def adam_steps(network: torch.nn.Module, optimizer: torch.optim.Adam, steps: int) -> None:
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        for parameter in network.parameters():
-            parameter.grad = torch.randn(parameter.shape, generator=generator)
-        optimizer.step()
-
-
-def saved(state: dict) -> dict:
-    """As a checkpoint carries it: serialized, so writer and reader share no tensor."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer)
-
-
-def test_the_learners_adam_runs_fused_and_steps_as_torch_adam_does():
-    torch.manual_seed(0)
-    fused, plain = cloud_network("cloud", MODEL, SPEC), cloud_network("cloud", MODEL, SPEC)
-    plain.load_state_dict(fused.state_dict())
-    fused_adam = trainer_module.FusedAdam(fused.parameters(), lr=1e-3)
-    assert fused_adam.param_groups[0]["fused"] is True and fused_adam.param_groups[0]["eps"] == 1e-5
-    adam_steps(fused, fused_adam, 5)
-    adam_steps(plain, torch.optim.Adam(plain.parameters(), lr=1e-3, eps=1e-5), 5)
-    moved = [(a - b).abs().max() for a, b in zip(fused.parameters(), plain.parameters(), strict=True)]
-    assert max(moved) < 1e-6, moved  # rounding only: 5 steps move each weight by up to 5e-3
-
-
-def test_the_learners_adam_stays_fused_after_loading_a_checkpoint_saved_unfused():
-    """Checkpoints from before FusedAdam hold torch.optim.Adam's groups (fused None): they resume, fused, from
-    the same moments and step count; a FusedAdam's state still loads into torch.optim.Adam."""
-    torch.manual_seed(0)
-    old, new = cloud_network("cloud", MODEL, SPEC), cloud_network("cloud", MODEL, SPEC)
-    new.load_state_dict(old.state_dict())
-    old_adam = torch.optim.Adam(old.parameters(), lr=1e-3, eps=1e-5)
-    adam_steps(old, old_adam, 3)
-    new.load_state_dict(old.state_dict())
-    new_adam = trainer_module.FusedAdam(new.parameters(), lr=1e-3)
-    new_adam.load_state_dict(saved(old_adam.state_dict()))
-    assert all(group["fused"] is True for group in new_adam.param_groups)
-    adam_steps(old, old_adam, 2)
-    adam_steps(new, new_adam, 2)
-    assert [state["step"].item() for state in new_adam.state.values()] == [5.0] * len(new_adam.state)
-    moved = [(a - b).abs().max() for a, b in zip(old.parameters(), new.parameters(), strict=True)]
-    assert max(moved) < 1e-6, moved
-    torch.optim.Adam(old.parameters(), lr=1e-3).load_state_dict(saved(new_adam.state_dict()))
-
-
 def test_the_trainer_steps_with_the_fused_adam():
     settings = LearnerSettings(mode="cloud", tls="plaintext")
-    assert isinstance(Trainer(cloud_network("cloud", MODEL, SPEC), settings).optimizer, trainer_module.FusedAdam)
+    assert isinstance(Trainer(cloud_network("cloud", MODEL, SPEC), settings).optimizer, FusedAdam)
 
 
 def test_the_trainer_keeps_freed_blocks_in_the_heap_for_the_next_minibatch(monkeypatch):

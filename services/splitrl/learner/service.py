@@ -34,10 +34,11 @@ from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.edges import EdgeLinks
+from splitrl.learner.network import learner_network
 from splitrl.learner.publisher import WeightsBroadcast
 from splitrl.learner.sampler import ReplaySampler, SampledChunk
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats, learner_network
+from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats
 from splitrl.replay.selectors import importance_weights
 from splitrl.v1 import training_pb2_grpc
 

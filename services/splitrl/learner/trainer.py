@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import astuple, dataclass, fields
 from typing import Any, Protocol
@@ -22,12 +21,11 @@ import torch
 from torch import nn
 
 from splitrl.core import precision
-from splitrl.core.envs import action_spec_of
 from splitrl.core.memory import reuse_freed_blocks
-from splitrl.core.models import cloud_network
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.algorithms import gae, linear_anneal, ppo_loss, vtrace
 from splitrl.learner.distributed import DataParallel
+from splitrl.learner.network import FusedAdam
 from splitrl.learner.settings import ACCUMULATE_ENCODER_FRACTION, LearnerSettings
 
 log = logging.getLogger(__name__)
@@ -367,36 +365,3 @@ class Trainer:
             batch.behaviour_log_probs, target_log_probs, rewards, values, batch.dones, s.gamma, lam=s.gae_lambda
         )
         return result.pg_advantages, result.value_targets, target_log_probs
-
-
-class FusedAdam(torch.optim.Adam):
-    """The learner's optimizer: torch.optim.Adam (eps 1e-5, CleanRL's) run fused, one kernel over every parameter
-    per step instead of about ten passes over each tensor. Same update up to rounding; one step of the CarRacing
-    cloud network (2.2M parameters, one thread) took ~1 ms instead of ~4.5 (benchmarks/learner_step.py).
-
-    Invariant: every step runs fused, also after `load_state_dict` of a state saved unfused (a checkpoint from
-    before this class, or torch.optim.Adam's), whose groups would otherwise switch it back."""
-
-    def __init__(self, params: Iterable[nn.Parameter], lr: float) -> None:
-        super().__init__(params, lr=lr, eps=1e-5, fused=True)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        groups = [{**group, "fused": True, "foreach": None} for group in state_dict["param_groups"]]
-        super().load_state_dict({**state_dict, "param_groups": groups})
-
-
-def learner_network(settings: LearnerSettings) -> nn.Module:
-    """The network a learner trains in `settings.mode` (models.cloud_network), with weights from torch's global
-    seed, in the training layout (`to_training_layout`)."""
-    network = cloud_network(settings.mode, settings.network_config(), action_spec_of(settings.env, settings.env_kwargs))
-    return to_training_layout(network)
-
-
-def to_training_layout(network: nn.Module) -> nn.Module:
-    """`network`, its convolution weights moved to channels-last layout in place (a no-op for the split modes'
-    head, which has none). oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096,
-    128 rows, one thread) 20-24% faster here (128 against 160-169 ms), and models.Encoder then reorders its frames
-    to match while they are uint8. Checkpoints and weights sent to inference are the same numbers in either
-    layout. Acting on a few rows runs no slower in it (8 CarRacing rows: 1.94 against 1.93 ms)."""
-    network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
-    return network
