@@ -34,7 +34,7 @@ async def _echo(requests, context):
 async def lockstep_frames(wan: bool) -> FrameCounts:
     """The frames of ROUND_TRIPS 40 B requests and 4 B answers on one stream, as an edge's Act stream of a few
     envs, with both ends made for a WAN link or not."""
-    server, _ = await rpc.create_server(Metrics(CollectorRegistry()), (), wan=wan)
+    server, _, _ = await rpc.create_server(Metrics(CollectorRegistry()), (), wan=wan)
     handler = grpc.stream_stream_rpc_method_handler(_echo)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("test.Echo", {"Echo": handler}),))
     port = server.add_insecure_port("127.0.0.1:0")

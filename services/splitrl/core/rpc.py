@@ -196,24 +196,59 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
 
+class CallTasks(grpc.aio.ServerInterceptor):
+    """The asyncio tasks of a server's calls that are still running, so a stopping service can let them end.
+
+    gRPC's `Server.stop` returns once gRPC's core holds no live call, but the Python task of a call whose
+    peer has just gone can still be unwinding then. If the process's event loop closes first, asyncio cancels
+    that task under gRPC's own wrapper, which prints "Exception not handled by _handle_exceptions" and a
+    CancelledError traceback (a learner's Train call, the README's one-by-one example, once in CI).
+    `intercept_service` runs in the call's own task, so that is the task noted.
+    """
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+        return await continuation(handler_call_details)
+
+    async def wait(self, timeout_s: float) -> int:
+        """Wait up to `timeout_s` seconds for every noted call to end; returns how many were still running."""
+        still_running: set[asyncio.Task[Any]] = set()
+        if self._running:
+            _, still_running = await asyncio.wait(set(self._running), timeout=timeout_s)
+        await asyncio.sleep(0)  # gRPC's wrapper task around each call resumes once the call's task is done
+        return len(still_running)
+
+
 async def create_server(
     metrics: Metrics, service_names: Sequence[str], token: str | None = None, *, wan: bool = False
-) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, CallTasks]:
     """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
-    `wan`: edges dial it across the WAN (WAN_FLOW_CONTROL).
+    `wan`: edges dial it across the WAN (WAN_FLOW_CONTROL). The CallTasks are its calls still running.
 
     Health starts NOT_SERVING for every name; the caller flips it once ready. With a `token`, every call
-    but health checks must carry it (security.BearerTokenInterceptor, outermost so nothing runs before it).
+    but health checks must carry it (security.BearerTokenInterceptor: the first interceptor that acts on a
+    call, so no handler runs before it; CallTasks before it only notes the call's task).
     """
-    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorMappingInterceptor(metrics)]
+    calls = CallTasks()
+    interceptors: list[grpc.aio.ServerInterceptor] = [calls, ErrorMappingInterceptor(metrics)]
     if token is not None:
-        interceptors.insert(0, security.BearerTokenInterceptor(token, metrics))
+        interceptors.insert(1, security.BearerTokenInterceptor(token, metrics))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(wan=wan))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, serving=False)
     reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
-    return server, health_servicer
+    return server, health_servicer, calls
 
 
 async def set_serving(health_servicer: health.aio.HealthServicer, service_names: Sequence[str], serving: bool) -> None:

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 #: Seconds beyond shutdown_grace_s that a stopping service process gets to flush (replay's last snapshot,
 #: checkpoints) before it is ended anyway: SIGTERM always ends the process within grace + this margin.
 SHUTDOWN_MARGIN_S = 5.0
+#: Seconds a stopping service waits, once its server has stopped, for calls that ended to finish unwinding.
+CALL_UNWIND_S = 2.0
 
 
 class Service(Protocol):
@@ -132,13 +134,14 @@ class ServiceHost:
     metrics_port: int
     _http: object = field(repr=False)
     _health: object = field(repr=False)
+    _calls: rpc.CallTasks = field(repr=False)
     #: What the host is doing, for the shutdown deadline's log line when something hangs.
     stage: str = "serving"
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
         transport = security.load(settings)  # before anything starts: bad TLS settings fail here, clearly
-        server, health_servicer = await rpc.create_server(
+        server, health_servicer, calls = await rpc.create_server(
             metrics, service.service_names, transport.token, wan=service.serves_wan
         )
         service.register(server)
@@ -151,7 +154,7 @@ class ServiceHost:
         metrics_port = http.server_port
         await service.start()
         await rpc.set_serving(health_servicer, service.service_names, serving=True)
-        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer)
+        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer, calls)
         if settings.port_file is not None:
             tmp = settings.port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}))
@@ -172,6 +175,10 @@ class ServiceHost:
         self.stage = "draining in-flight calls"
         await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         await self.server.stop(self.settings.shutdown_grace_s)
+        self.stage = "letting ended calls unwind"
+        unfinished = await self._calls.wait(CALL_UNWIND_S)
+        if unfinished:
+            log.warning("%d ended call(s) still unwinding after %.1fs; stopping anyway", unfinished, CALL_UNWIND_S)
         self.stage = f"{type(self.service).__name__}.stop (flushing its work)"
         await self.service.stop()
         self.stage = "writing final metrics"

@@ -105,12 +105,12 @@ class ReplayWriter:
             self._outbox.put_nowait(sequence)
         call = stub.Insert()
         reader = asyncio.create_task(self._read_acks(call))
+        get: asyncio.Task[int] | None = None
         try:
             while True:
                 get = asyncio.create_task(self._outbox.get())
                 done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if reader in done:
-                    get.cancel()
                     reader.result()  # raises the stream's error
                     return
                 entry = self._unacked.get(get.result())
@@ -119,6 +119,8 @@ class ReplayWriter:
                 self._meter.sent(entry[0], phase="rollout", payload="trajectory")
                 await call.write(entry[0])
         finally:
+            if get is not None:
+                get.cancel()  # a stopped writer leaves no task behind waiting on the outbox
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader

@@ -178,9 +178,11 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             edge.pending[request_id_of(message)] = future
         putter = asyncio.create_task(edge.outgoing.put(message))
         gone = asyncio.create_task(edge.gone.wait())
-        await asyncio.wait({putter, gone}, return_when=asyncio.FIRST_COMPLETED)
-        putter.cancel()
-        gone.cancel()
+        try:
+            await asyncio.wait({putter, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # cancelled or not, no task is left behind waiting on the queue or the event
+            putter.cancel()
+            gone.cancel()
         if edge.gone.is_set():
             raise ConnectionError(f"edge {edge.edge_id} disconnected")
         return None if future is None else await future

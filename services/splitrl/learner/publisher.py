@@ -103,6 +103,7 @@ class WeightsPublisher:
         """Publish on one stream until it breaks (raises); the pending read doubles as the liveness watch."""
         sent: int | None = None  # version sent on this stream
         read: asyncio.Task[object] | None = None
+        changed: asyncio.Task[bool] | None = None
         try:
             while True:
                 latest = self._latest
@@ -118,7 +119,7 @@ class WeightsPublisher:
                     continue
                 self._changed.clear()
                 read = read or asyncio.ensure_future(call.read())
-                changed = asyncio.ensure_future(self._changed.wait())
+                changed = asyncio.create_task(self._changed.wait())
                 done, _ = await asyncio.wait({read, changed}, return_when=asyncio.FIRST_COMPLETED)
                 changed.cancel()
                 if read in done:  # inference never speaks first: the stream ended
@@ -128,6 +129,8 @@ class WeightsPublisher:
         finally:
             if read is not None:
                 read.cancel()
+            if changed is not None:
+                changed.cancel()  # a stopped publisher leaves no task behind waiting on the event
 
     async def _acknowledged(self, call: grpc.aio.StreamStreamCall, ack: object) -> None:
         if ack is grpc.aio.EOF:
