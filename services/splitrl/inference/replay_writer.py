@@ -32,6 +32,7 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial
+from splitrl.core.tasks import first_done
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -105,12 +106,10 @@ class ReplayWriter:
             self._outbox.put_nowait(sequence)
         call = stub.Insert()
         reader = asyncio.create_task(self._read_acks(call))
-        get: asyncio.Task[int] | None = None
         try:
             while True:
-                get = asyncio.create_task(self._outbox.get())
-                done, _ = await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if reader in done:
+                get = await first_done(reader, self._outbox.get())
+                if get is None or reader.done():
                     reader.result()  # raises the stream's error
                     return
                 entry = self._unacked.get(get.result())
@@ -119,8 +118,6 @@ class ReplayWriter:
                 self._meter.sent(entry[0], phase="rollout", payload="trajectory")
                 await call.write(entry[0])
         finally:
-            if get is not None:
-                get.cancel()  # a stopped writer leaves no task behind waiting on the outbox
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await reader

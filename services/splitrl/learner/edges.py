@@ -25,6 +25,7 @@ from splitrl.core.config import FloatCodec
 from splitrl.core.metrics import LinkMeter, Metrics, Payload
 from splitrl.core.rpc import BadRequest, Busy
 from splitrl.core.step_ids import MAX_PREFIX, pack_step_ids, prefix_of
+from splitrl.core.tasks import first_done
 from splitrl.learner.settings import EDGE_REPLY_TIMEOUT_S
 from splitrl.v1 import tensor_pb2, training_pb2, training_pb2_grpc
 
@@ -113,12 +114,10 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self.connected.set()
         log.info("edge %s connected (prefix %d, encoder version %d)", edge.edge_id, edge.prefix, edge.encoder_version)
         reader = asyncio.create_task(self._read(edge, request_iterator))
-        getter: asyncio.Task[training_pb2.LearnerMessage] | None = None
         try:
             while not reader.done():
-                getter = asyncio.create_task(edge.outgoing.get())
-                await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
+                getter = await first_done(reader, edge.outgoing.get())
+                if getter is None:
                     break
                 message = getter.result()
                 payload: Payload = "request" if message.WhichOneof("kind") == "activation_request" else "gradient"
@@ -127,8 +126,6 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             await reader  # re-raises a bad message from the edge as this call's status
         finally:
             reader.cancel()
-            if getter is not None:
-                getter.cancel()
             del self._edges[edge.prefix]
             if not self._edges:
                 self.connected.clear()

@@ -28,6 +28,7 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings, split_addresses
 from splitrl.core.metrics import LinkMeter, Metrics
 from splitrl.core.redial import FAILURES, Redial, describe, is_refusal
+from splitrl.core.tasks import first_done
 from splitrl.v1 import weights_pb2, weights_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,6 @@ class WeightsPublisher:
         """Publish on one stream until it breaks (raises); the pending read doubles as the liveness watch."""
         sent: int | None = None  # version sent on this stream
         read: asyncio.Task[object] | None = None
-        changed: asyncio.Task[bool] | None = None
         try:
             while True:
                 latest = self._latest
@@ -119,18 +119,14 @@ class WeightsPublisher:
                     continue
                 self._changed.clear()
                 read = read or asyncio.ensure_future(call.read())
-                changed = asyncio.create_task(self._changed.wait())
-                done, _ = await asyncio.wait({read, changed}, return_when=asyncio.FIRST_COMPLETED)
-                changed.cancel()
-                if read in done:  # inference never speaks first: the stream ended
+                await first_done(read, self._changed.wait())
+                if read.done():  # inference never speaks first: the stream ended
                     message, read = read.result(), None
                     await self._acknowledged(call, message)
                     raise ConnectionError("inference sent an acknowledgement nobody asked for")
         finally:
             if read is not None:
                 read.cancel()
-            if changed is not None:
-                changed.cancel()  # a stopped publisher leaves no task behind waiting on the event
 
     async def _acknowledged(self, call: grpc.aio.StreamStreamCall, ack: object) -> None:
         if ack is grpc.aio.EOF:
