@@ -1,5 +1,5 @@
 """The learner's network and optimizer (learner.network): the fused Adam steps as torch.optim.Adam does and
-stays fused across checkpoints saved unfused."""
+stays fused across checkpoints saved unfused; frames in the training layout."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
-from splitrl.learner.network import FusedAdam
+from splitrl.learner.network import FusedAdam, to_training_layout
 
 SPEC = ActionSpec("discrete", 3)
 MODEL = ModelConfig(2, 36, 16, "relu")
@@ -61,3 +61,25 @@ def test_the_learners_adam_stays_fused_after_loading_a_checkpoint_saved_unfused(
     moved = [(a - b).abs().max() for a, b in zip(old.parameters(), new.parameters(), strict=True)]
     assert max(moved) < 1e-6, moved
     torch.optim.Adam(old.parameters(), lr=1e-3).load_state_dict(saved(new_adam.state_dict()))
+
+
+def test_frames_are_put_in_the_convolutions_layout_once_and_rows_taken_from_them_stay_in_it():
+    """The training layout's encoder reorders uint8 frames to channels-last (acting's leaves them as they are);
+    frames already in it are the same tensor, not a copy, and row indexing (a minibatch) keeps the layout, which
+    is what lets Trainer.update reorder an update's frames once instead of at every minibatch."""
+    torch.manual_seed(0)
+    acting = cloud_network("cloud", MODEL, SPEC)
+    training = to_training_layout(cloud_network("cloud", MODEL, SPEC))
+    training.load_state_dict(acting.state_dict())
+    frames = torch.randint(0, 256, (6, 2, 36, 36), dtype=torch.uint8)
+    assert acting.encoder.in_layout(frames) is frames
+    ordered = training.encoder.in_layout(frames)
+    assert ordered.is_contiguous(memory_format=torch.channels_last) and not frames.is_contiguous(
+        memory_format=torch.channels_last
+    )
+    assert training.encoder.in_layout(ordered) is ordered
+    minibatch = ordered[torch.tensor([4, 0, 2])]
+    assert minibatch.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(minibatch, frames[torch.tensor([4, 0, 2])])
+    # Either layout, the same activations (up to the kernels' summation order).
+    assert torch.allclose(training.encoder(minibatch), acting.encoder(frames[torch.tensor([4, 0, 2])]), atol=1e-5)
