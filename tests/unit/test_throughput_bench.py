@@ -116,6 +116,38 @@ def test_sync_ppo_trains_once_per_chunks_per_update_chunks(monkeypatch: pytest.M
     assert result.wall_seconds >= result.seconds > 0
 
 
+def test_the_single_process_references_train_on_their_own_threads(monkeypatch, tmp_path) -> None:
+    """sync-ppo and SB3 run as a user runs one training process (--reference-torch-threads: torch's default
+    unless given), while the act-only baseline, the overhead's reference, runs on each stack service's threads."""
+    from splitrl.bench import sb3_reference, throughput
+
+    threads: dict[str, int] = {}
+
+    def timed(name: str):
+        def measure(run, warmup_fraction: float) -> BaselineResult:
+            threads[name] = run.torch_threads
+            return BaselineResult(1000, 1.0, 1.0, 1.0, 1.0, updates=1, wall_seconds=1.0, total_steps=1000)
+
+        return measure
+
+    def stack(settings, mode, run_dir) -> StackResult:
+        threads[f"stack {mode}"] = throughput.run_settings(settings, mode, run_dir).torch_threads
+        return StackResult(mode, 1000, 1.0, 1.0, {}, 1.0, 0.0, 0.0, 0, {}, str(run_dir))
+
+    monkeypatch.setattr(throughput, "run_baseline", timed("baseline"))
+    monkeypatch.setattr(throughput, "run_sync_ppo", timed("sync-ppo"))
+    monkeypatch.setattr(sb3_reference, "measure_sb3", timed("sb3-ppo"))
+    monkeypatch.setattr(throughput, "run_stack", stack)
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", modes=["cloud"], sb3_reference=True, skip_link=True, torch_threads=1,
+        reference_torch_threads=3, out=tmp_path,
+    )  # fmt: skip
+    report = ThroughputReport(settings=json.loads(bench.model_dump_json()))
+    throughput._measure_all(bench, run_settings(bench, "cloud"), report)
+    assert threads == {"baseline": 1, "sync-ppo": 3, "sb3-ppo": 3, "stack cloud": 1}
+    assert "torch threads 1 per process (3 in sync-ppo and sb3-ppo)" in render_markdown(report)
+
+
 def test_the_training_table_compares_every_trainer_with_each_reference() -> None:
     report = ThroughputReport(
         settings={"env": "E", "num_envs": 8, "steps": 4096, "torch_threads": 1, "action_repeat": 4,
@@ -181,7 +213,7 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     report.links.append(LinkResult("grpc-wan", 512, 120, 1.0))
     assert "| 512 B | 1,000 | 100 | 0.5 | 0.1 | 0.10 | 120 | 1.20 |" in render_markdown(report)
     report.settings |= {"train_precision": "float32", "encoder_precision": "bfloat16", "modes": ["cloud"]}
-    title = "### Throughput: E, 8 envs, 800 env steps per run, torch threads 1"
+    title = "### Throughput: E, 8 envs, 800 env steps per run, torch threads 1 per process"
     assert render_markdown(report).startswith(title + "\n")  # no split mode ran: no edge encoder to name
     report.settings["modes"] = ["cloud", "split-accumulate"]
     assert render_markdown(report).startswith(title + ", split edge encoder in bfloat16\n")

@@ -110,7 +110,16 @@ class ThroughputBenchSettings(
     codec: ObservationCodec = Field("frame", description="Cloud mode's observation codec.")
     activation_codec: FloatCodec = Field("bf16", description="Split modes' activation and gradient codec.")
     out: Path = Field(Path("runs/bench-throughput"), description="Output directory: runs/, throughput.md, .json.")
-    torch_threads: int = Field(1, ge=1, description="torch threads in the references and in each service.")
+    torch_threads: int = Field(
+        1, ge=1, description="torch threads in each stack service and in the act-only baseline the overhead is against."
+    )
+    reference_torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="torch threads of the single-process training references (sync-ppo, sb3-ppo); default: torch's "
+        "own (a thread per core; OMP_NUM_THREADS if set), as a user runs one training process on a machine.",
+    )
     warmup_fraction: float = Field(
         0.15, ge=0, lt=1, description="Share of each measurement's env steps left out of its rate (start-up)."
     )

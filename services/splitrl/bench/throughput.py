@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import torch
+
 from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
@@ -165,6 +167,8 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     except ValueError as error:
         print(f"splitrl bench throughput: {error}", file=sys.stderr)
         return 2
+    if settings.reference_torch_threads is None:  # torch's own default, read before any run sets the process's
+        settings = settings.model_copy(update={"reference_torch_threads": torch.get_num_threads()})
     settings.out.mkdir(parents=True, exist_ok=True)
     report = ThroughputReport(settings=json.loads(settings.model_dump_json()))
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
@@ -192,8 +196,11 @@ def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: Th
         report.baselines.append(result)
         print(f"baseline ({label}): {result.steps_per_s:,.1f} env steps/s")
 
+    # One process each, so they may use every core: SB3 on torch's default threads is how its users train.
+    references_run = run.model_copy(update={"torch_threads": settings.reference_torch_threads})
+
     def trained(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
-        result = measure(run, settings.warmup_fraction)
+        result = measure(references_run, settings.warmup_fraction)
         report.trained[name] = result
         print(f"{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
 

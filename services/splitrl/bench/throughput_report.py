@@ -110,7 +110,9 @@ def render_markdown(report: ThroughputReport) -> str:
     base = report.baseline_steps_per_s
     lines = [
         f"### Throughput: {s['env']}, {s['num_envs']} envs, {s['steps']:,} env steps per run, "
-        f"torch threads {s['torch_threads']}" + "".join(f", {who} in bfloat16" for who in _in_bfloat16(s)),
+        f"torch threads {s['torch_threads']} per process"
+        + (f" ({s['reference_torch_threads']} in {' and '.join(report.trained)})" if _reference_threads(report) else "")
+        + "".join(f", {who} in bfloat16" for who in _in_bfloat16(s)),
         "",
         "| run | env steps/s | x baseline | overhead us/env step | mean batch | policy lag mean / max<= | updates |",
         "|---|---:|---:|---:|---:|---:|---:|",
@@ -135,6 +137,12 @@ def render_markdown(report: ThroughputReport) -> str:
     )
     lines += _link_table(report)
     return "\n".join(lines) + "\n"
+
+
+def _reference_threads(report: ThroughputReport) -> bool:
+    """Whether the single-process references that ran trained on their own thread count (reports before
+    --reference-torch-threads ran them on --torch-threads)."""
+    return bool(report.trained) and report.settings.get("reference_torch_threads") is not None
 
 
 def _training_table(report: ThroughputReport) -> list[str]:
