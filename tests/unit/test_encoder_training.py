@@ -24,7 +24,7 @@ from splitrl.core.step_ids import (
 )
 from splitrl.edge_encoder.observation_store import ObservationStore
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
-from splitrl.edge_encoder.training import EncoderTrainer
+from splitrl.edge_encoder.training import EncoderTrainer, padded_rows, rows_to_run
 from splitrl.v1 import training_pb2
 
 WIDTH = 32
@@ -186,13 +186,38 @@ def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_th
     assert torch.allclose(whole_sent, pieces_sent)
     for a, b in zip(whole.encoder.parameters(), pieces.encoder.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    assert whole_passes == [(5, True)]  # one pass with a graph: kept from the activations (split), or run at once
-    # split sends activations made without a graph, then runs the rows again, 2 at a time, when gradients come
-    assert piece_passes == ([] if accumulate else [(2, False), (2, False), (1, False)]) + [
-        (2, True),
-        (2, True),
-        (1, True),
-    ]
+    # one pass with a graph, padded to 8 rows: kept from the activations (split), or run at once
+    assert whole_passes == [(8, True)]
+    # split sends activations made without a graph, then runs the rows again, 2 at a time, when gradients come;
+    # the last piece's one row runs as 2, so every pass has the same size
+    assert piece_passes == ([] if accumulate else [(2, False)] * 3) + [(2, True)] * 3
+
+
+@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
+def test_a_padded_training_pass_sends_and_trains_exactly_its_own_rows(accumulate):
+    trainer, sent, passes = train_once(0, accumulate)
+    assert passes == [(8, True)]
+    torch.manual_seed(0)
+    reference = Encoder(4, 36, WIDTH)  # the trainer's initial weights, run on the 5 rows alone
+    activations = reference(stacks(5, seed=3))
+    if not accumulate:  # the rows sent are the 5 rows' own activations, not the padding's
+        assert sent.shape == (5, WIDTH)
+        assert torch.allclose(sent, activations.detach().bfloat16().float())
+    gradients = torch.randn(5, WIDTH, generator=torch.Generator().manual_seed(4))
+    (activations * wire.decode_float(wire.encode_float(gradients, "bf16"))).sum().backward()
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.5)
+    assert torch.allclose(flat_gradients(trainer), torch.cat([p.grad.flatten() for p in reference.parameters()]))
+
+
+def test_training_passes_of_any_rows_run_at_a_few_sizes():
+    assert {rows_to_run(rows, 0) for rows in range(1, 33)} == {8, 16, 24, 32}
+    assert [rows_to_run(rows, 0) for rows in (0, 1, 8, 9, 127, 128)] == [0, 8, 8, 16, 128, 128]
+    # passes in pieces of N rows (rows_per_pass) run at N, or at fewer rounded up when the request has fewer
+    assert {rows_to_run(rows, 2) for rows in (1, 2)} == {2}
+    assert [rows_to_run(rows, 12) for rows in (1, 5, 9, 12)] == [8, 8, 12, 12]
+    assert torch.equal(padded_rows(stacks(3), 8)[:3], stacks(3)) and not padded_rows(stacks(3), 8)[3:].any()
+    with pytest.raises(ValueError, match="cannot pad 3 rows to 2"):
+        padded_rows(stacks(3), 2)
 
 
 def flat_gradients(trainer: EncoderTrainer) -> torch.Tensor:
