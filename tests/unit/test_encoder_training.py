@@ -13,6 +13,7 @@ from splitrl.core.framestack import FrameRow
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
 from splitrl.core.rpc import BadRequest
+from splitrl.core.spec import Bottleneck
 from splitrl.core.step_ids import (
     MAX_PREFIX,
     STEP_ID_BITS,
@@ -24,7 +25,7 @@ from splitrl.core.step_ids import (
 )
 from splitrl.edge_encoder.observation_store import ObservationStore
 from splitrl.edge_encoder.settings import EdgeEncoderSettings
-from splitrl.edge_encoder.training import EncoderTrainer, padded_rows, rows_to_run
+from splitrl.edge_encoder.training import EncoderTrainer, padded_to, rows_to_run
 from splitrl.v1 import training_pb2
 
 WIDTH = 32
@@ -40,12 +41,12 @@ def as_rows(stacked: torch.Tensor) -> list[FrameRow]:
 
 
 def make_trainer(
-    capacity: int = 100, rows_per_pass: int = 0, precision: Precision = "float32"
+    capacity: int = 100, rows_per_pass: int = 0, precision: Precision = "float32", bottleneck: Bottleneck = "relu"
 ) -> tuple[EncoderTrainer, Metrics]:
     torch.manual_seed(0)
     metrics = Metrics(CollectorRegistry())
     trainer = EncoderTrainer(
-        Encoder(4, 36, WIDTH),
+        Encoder(4, 36, WIDTH, bottleneck),
         ObservationStore(capacity),
         metrics,
         learning_rate=1e-3,
@@ -156,18 +157,22 @@ def test_a_learning_rate_scale_outside_0_1_is_refused_with_the_value(scale):
 
 
 def train_once(
-    rows_per_pass: int, accumulate: bool, precision: Precision = "float32"
+    rows_per_pass: int,
+    accumulate: bool,
+    precision: Precision = "float32",
+    rows: int = 5,
+    bottleneck: Bottleneck = "relu",
 ) -> tuple[EncoderTrainer, torch.Tensor, list[tuple[int, bool]]]:
-    """One split (or split-accumulate) step over 5 stored rows; returns the trainer, the activations it sent (split)
-    and each encoder forward pass as (rows, with a graph)."""
-    trainer, _ = make_trainer(rows_per_pass=rows_per_pass, precision=precision)
+    """One split (or split-accumulate) step over `rows` stored rows; returns the trainer, the activations it sent
+    (split) and each encoder forward pass as (rows it ran on, with a graph)."""
+    trainer, _ = make_trainer(rows_per_pass=rows_per_pass, precision=precision, bottleneck=bottleneck)
     passes: list[tuple[int, bool]] = []
     trainer.encoder.register_forward_hook(
         lambda _m, inputs, _o: passes.append((inputs[0].shape[0], torch.is_grad_enabled()))
     )
-    ids = [11, 12, 13, 14, 15]
-    trainer.store.put(ids, as_rows(stacks(5, seed=3)))
-    gradients = torch.randn(5, WIDTH, generator=torch.Generator().manual_seed(4))
+    ids = list(range(11, 11 + rows))
+    trainer.store.put(ids, as_rows(stacks(rows, seed=3)))
+    gradients = torch.randn(rows, WIDTH, generator=torch.Generator().manual_seed(4))
     sent = torch.zeros(0)
     message = training_pb2.EncoderGradients(request_id=9, gradients=wire.encode_float(gradients, "bf16"))
     if accumulate:
@@ -193,12 +198,13 @@ def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_th
     assert piece_passes == ([] if accumulate else [(2, False)] * 3) + [(2, True)] * 3
 
 
+@pytest.mark.parametrize("bottleneck", ["relu", "layernorm"])
 @pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
-def test_a_padded_training_pass_sends_and_trains_exactly_its_own_rows(accumulate):
-    trainer, sent, passes = train_once(0, accumulate)
+def test_a_padded_training_pass_sends_and_trains_its_own_rows_activations(accumulate, bottleneck):
+    trainer, sent, passes = train_once(0, accumulate, bottleneck=bottleneck)
     assert passes == [(8, True)]
     torch.manual_seed(0)
-    reference = Encoder(4, 36, WIDTH)  # the trainer's initial weights, run on the 5 rows alone
+    reference = Encoder(4, 36, WIDTH, bottleneck)  # the trainer's initial weights, run on the 5 rows alone
     activations = reference(stacks(5, seed=3))
     if not accumulate:  # the rows sent are the 5 rows' own activations, not the padding's
         assert sent.shape == (5, WIDTH)
@@ -209,15 +215,30 @@ def test_a_padded_training_pass_sends_and_trains_exactly_its_own_rows(accumulate
     assert torch.allclose(flat_gradients(trainer), torch.cat([p.grad.flatten() for p in reference.parameters()]))
 
 
+@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
+def test_pieces_of_a_size_that_is_no_multiple_of_8_run_at_that_size_and_take_the_same_step(accumulate):
+    whole, whole_sent, _ = train_once(0, accumulate, rows=13)
+    pieces, pieces_sent, piece_passes = train_once(12, accumulate, rows=13)
+    assert torch.allclose(whole_sent, pieces_sent)
+    for a, b in zip(whole.encoder.parameters(), pieces.encoder.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+    # 13 rows in pieces of 12: 12 and 1, the 1 padded to 8 (a multiple of 8 under 12), not to 12
+    assert piece_passes == ([] if accumulate else [(12, False), (8, False)]) + [(12, True), (8, True)]
+
+
 def test_training_passes_of_any_rows_run_at_a_few_sizes():
     assert {rows_to_run(rows, 0) for rows in range(1, 33)} == {8, 16, 24, 32}
     assert [rows_to_run(rows, 0) for rows in (0, 1, 8, 9, 127, 128)] == [0, 8, 8, 16, 128, 128]
     # passes in pieces of N rows (rows_per_pass) run at N, or at fewer rounded up when the request has fewer
     assert {rows_to_run(rows, 2) for rows in (1, 2)} == {2}
     assert [rows_to_run(rows, 12) for rows in (1, 5, 9, 12)] == [8, 8, 12, 12]
-    assert torch.equal(padded_rows(stacks(3), 8)[:3], stacks(3)) and not padded_rows(stacks(3), 8)[3:].any()
+    with pytest.raises(ValueError, match="a pass of 13 rows is over rows_per_pass=12"):
+        rows_to_run(13, 12)
+    assert torch.equal(padded_to(stacks(3), 8)[:3], stacks(3)) and not padded_to(stacks(3), 8)[3:].any()
+    three = stacks(3)
+    assert padded_to(three, 3) is three  # no copy when nothing is missing
     with pytest.raises(ValueError, match="cannot pad 3 rows to 2"):
-        padded_rows(stacks(3), 2)
+        padded_to(stacks(3), 2)
 
 
 def flat_gradients(trainer: EncoderTrainer) -> torch.Tensor:

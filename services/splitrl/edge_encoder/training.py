@@ -46,9 +46,10 @@ MAX_PENDING = 4
 #: Training passes run on a multiple of this many rows. oneDNN, torch's CPU convolution, builds and keeps a
 #: kernel per layer, direction and batch size (its primitive cache holds up to 1,024), and the rows of a training
 #: request vary: in split-accumulate, the rows of one learner minibatch that came from this edge's stream. 64
-#: Catch envs trained at every size from 1 to 32 rows, 563 kernels for ~10 MiB more of the edge's resident
-#: memory than padding to 8 rows gives (8, 16, 24, 32: 4 sizes), for up to 7 zero rows more per pass
-#: (rows_to_run; passes in pieces of --encoder-rows-per-pass N run at N rows).
+#: Catch envs trained at every size from 1 to 32 rows, 563 kernels for ~14 MiB more of the edge's resident
+#: memory than padding to 8 rows gives (8, 16, 24, 32: 4 sizes), for up to 7 zero rows more per pass, in its
+#: compute and, in split, in each kept graph (MAX_PENDING). rows_to_run says the size; passes in pieces of
+#: --encoder-rows-per-pass N run at most N rows.
 TRAINING_ROWS_MULTIPLE = 8
 
 
@@ -228,26 +229,30 @@ class EncoderTrainer:
         float32 [B, width]: the codecs and the learner's gradients are float32, and the backward pass follows
         the forward's precision. It runs on `rows_to_run(B)` rows, the extra ones zero stacks whose activations
         are cut off: each row's activations depend on its own stack only (the encoder mixes no rows), so the cut
-        rows change no activation and, getting no gradient, no parameter."""
+        rows change no other row's activations (beyond float rounding: oneDNN's kernel for another batch size)
+        and, getting no gradient, no parameter."""
         rows = stacks.shape[0]
-        padded = padded_rows(stacks, rows_to_run(rows, self.rows_per_pass))
+        padded = padded_to(stacks, rows_to_run(rows, self.rows_per_pass))
         return forward_in(self.precision, self.encoder, padded)[:rows]
 
 
 def rows_to_run(rows: int, rows_per_pass: int) -> int:
     """The rows a training pass of `rows` (>= 0) runs on: rounded up to TRAINING_ROWS_MULTIPLE, and at most
-    `rows_per_pass` when it is set (> 0; its passes are never larger), so passes in pieces all run at one size."""
+    `rows_per_pass` when it is set (> 0; ValueError for a pass of more rows), so a request's passes in pieces
+    all run at one size."""
+    if rows_per_pass and rows > rows_per_pass:
+        raise ValueError(f"a pass of {rows} rows is over rows_per_pass={rows_per_pass}")
     rounded = -(-rows // TRAINING_ROWS_MULTIPLE) * TRAINING_ROWS_MULTIPLE
     return min(rounded, rows_per_pass) if rows_per_pass else rounded
 
 
-def padded_rows(stacks: torch.Tensor, rows: int) -> torch.Tensor:
-    """`stacks` [B, ...] followed by zero stacks up to `rows` (>= B) rows; itself when B is `rows`."""
-    if rows < stacks.shape[0]:
-        raise ValueError(f"cannot pad {stacks.shape[0]} rows to {rows}")
-    if rows == stacks.shape[0]:
+def padded_to(stacks: torch.Tensor, total_rows: int) -> torch.Tensor:
+    """`stacks` [B, ...] followed by zero stacks up to `total_rows` (>= B) rows; itself when B is total_rows."""
+    if total_rows < stacks.shape[0]:
+        raise ValueError(f"cannot pad {stacks.shape[0]} rows to {total_rows}")
+    if total_rows == stacks.shape[0]:
         return stacks
-    return torch.cat([stacks, stacks.new_zeros((rows - stacks.shape[0], *stacks.shape[1:]))])
+    return torch.cat([stacks, stacks.new_zeros((total_rows - stacks.shape[0], *stacks.shape[1:]))])
 
 
 def backward_through(activations: torch.Tensor, gradients: torch.Tensor) -> None:
