@@ -184,18 +184,28 @@ def train_once(
     return trainer, sent, passes
 
 
+@pytest.mark.parametrize(
+    ("rows", "rows_per_pass", "whole_pass", "piece_sizes"),
+    [
+        (5, 2, 8, [2, 2, 2]),  # the last piece's one row runs as 2, so every pass has the same size
+        (13, 12, 16, [12, 8]),  # 12 and 1, the 1 padded to 8 (a multiple of 8 under 12), not to 12
+    ],
+)
 @pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
-def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_those_rows_only(accumulate):
-    whole, whole_sent, whole_passes = train_once(0, accumulate)
-    pieces, pieces_sent, piece_passes = train_once(2, accumulate)
+def test_training_in_passes_of_a_few_rows_takes_the_same_step_with_a_graph_of_those_rows_only(
+    accumulate, rows, rows_per_pass, whole_pass, piece_sizes
+):
+    whole, whole_sent, whole_passes = train_once(0, accumulate, rows=rows)
+    pieces, pieces_sent, piece_passes = train_once(rows_per_pass, accumulate, rows=rows)
     assert torch.allclose(whole_sent, pieces_sent)
     for a, b in zip(whole.encoder.parameters(), pieces.encoder.parameters(), strict=True):
         assert torch.allclose(a, b, atol=1e-6)
-    # one pass with a graph, padded to 8 rows: kept from the activations (split), or run at once
-    assert whole_passes == [(8, True)]
-    # split sends activations made without a graph, then runs the rows again, 2 at a time, when gradients come;
-    # the last piece's one row runs as 2, so every pass has the same size
-    assert piece_passes == ([] if accumulate else [(2, False)] * 3) + [(2, True)] * 3
+    # one pass with a graph, padded to a multiple of 8 rows: kept from the activations (split), or run at once
+    assert whole_passes == [(whole_pass, True)]
+    # split sends activations made without a graph, then runs the rows again, in pieces, when gradients come
+    assert piece_passes == [(size, False) for size in piece_sizes if not accumulate] + [
+        (size, True) for size in piece_sizes
+    ]
 
 
 @pytest.mark.parametrize("bottleneck", ["relu", "layernorm"])
@@ -215,17 +225,6 @@ def test_a_padded_training_pass_sends_and_trains_its_own_rows_activations(accumu
     assert torch.allclose(flat_gradients(trainer), torch.cat([p.grad.flatten() for p in reference.parameters()]))
 
 
-@pytest.mark.parametrize("accumulate", [False, True], ids=["split", "split-accumulate"])
-def test_pieces_of_a_size_that_is_no_multiple_of_8_run_at_that_size_and_take_the_same_step(accumulate):
-    whole, whole_sent, _ = train_once(0, accumulate, rows=13)
-    pieces, pieces_sent, piece_passes = train_once(12, accumulate, rows=13)
-    assert torch.allclose(whole_sent, pieces_sent)
-    for a, b in zip(whole.encoder.parameters(), pieces.encoder.parameters(), strict=True):
-        assert torch.allclose(a, b, atol=1e-6)
-    # 13 rows in pieces of 12: 12 and 1, the 1 padded to 8 (a multiple of 8 under 12), not to 12
-    assert piece_passes == ([] if accumulate else [(12, False), (8, False)]) + [(12, True), (8, True)]
-
-
 def test_training_passes_of_any_rows_run_at_a_few_sizes():
     assert {rows_to_run(rows, 0) for rows in range(1, 33)} == {8, 16, 24, 32}
     assert [rows_to_run(rows, 0) for rows in (0, 1, 8, 9, 127, 128)] == [0, 8, 8, 16, 128, 128]
@@ -234,11 +233,12 @@ def test_training_passes_of_any_rows_run_at_a_few_sizes():
     assert [rows_to_run(rows, 12) for rows in (1, 5, 9, 12)] == [8, 8, 12, 12]
     with pytest.raises(ValueError, match="a pass of 13 rows is over rows_per_pass=12"):
         rows_to_run(13, 12)
-    assert torch.equal(padded_to(stacks(3), 8)[:3], stacks(3)) and not padded_to(stacks(3), 8)[3:].any()
     three = stacks(3)
+    padded = padded_to(three, 8)
+    assert torch.equal(padded[:3], three) and not padded[3:].any()
     assert padded_to(three, 3) is three  # no copy when nothing is missing
     with pytest.raises(ValueError, match="cannot pad 3 rows to 2"):
-        padded_to(stacks(3), 2)
+        padded_to(three, 2)
 
 
 def flat_gradients(trainer: EncoderTrainer) -> torch.Tensor:
