@@ -6,8 +6,8 @@ and with the fast draw on top.
 All three run through splitrl's make_env (gray, resized) on one core, side by side in one
 process, alternating so machine noise hits them alike. The plain repeat draws every frame
 with gymnasium's own code; the fast repeat draws only the frame it keeps
-(splitrl.core.action_repeat); the fast draw places the road with numpy
-(splitrl.core.fast_draw). All three give the same frames (tests/unit).
+(splitrl.core.action_repeat); the fast draw places the road with numpy and writes
+the score with one font (splitrl.core.fast_draw). All three give the same frames (tests/unit).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CarRacing drawn with the numpy road gives gymnasium's pixels exactly, step by step."""
+"""CarRacing drawn with the numpy road and one font gives gymnasium's pixels exactly, step by step."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ def _pair(**kwargs: Any) -> tuple[gym.Env[Any, Any], gym.Env[Any, Any]]:
 @pytest.mark.parametrize("domain_randomize", [False, True])
 def test_the_numpy_road_draws_gymnasiums_pixels(domain_randomize: bool) -> None:
     fast, plain = _pair(domain_randomize=domain_randomize)
+    assert {"_render_road", "_render"} <= set(vars(fast.unwrapped))  # both stand-ins, checked together
     try:
         for episode, seed in enumerate((3, 4)):  # a reset builds a new track: its vertices are read again
             fast_obs, _ = fast.reset(seed=seed)
@@ -57,14 +58,51 @@ def test_make_env_installs_it_and_can_leave_it_out() -> None:
     drawn_fast = make_env("CarRacing-v3", {"continuous": False}, 96, 4)
     drawn_plain = make_env("CarRacing-v3", {"continuous": False}, 96, 4, fast_draw=False)
     try:
-        assert "_render_road" in vars(drawn_fast.unwrapped)
         assert "_render_road" not in vars(drawn_plain.unwrapped)
         np.testing.assert_array_equal(drawn_fast.reset(seed=0)[0], drawn_plain.reset(seed=0)[0])
         for action in [GAS] * 20:
             np.testing.assert_array_equal(drawn_fast.step(action)[0], drawn_plain.step(action)[0])
+        # still there after steps whose repeated frames went undrawn (the repeat shadows _render meanwhile)
+        assert {"_render_road", "_render"} <= set(vars(drawn_fast.unwrapped))
     finally:
         drawn_fast.close()
         drawn_plain.close()
+
+
+def test_the_score_font_is_loaded_once_per_process_and_again_after_pygame_lets_its_fonts_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loaded: list[Any] = []
+    font_class = pygame.font.Font
+    monkeypatch.setattr(pygame.font, "Font", lambda *args: loaded.append(args) or font_class(*args))
+    monkeypatch.setattr(fast_draw._ScoreFont, "loaded", None)  # as in a new process
+    fast = [make_env("CarRacing-v3", {"continuous": False}, 96, 4) for _ in range(2)]
+    plain = make_env("CarRacing-v3", {"continuous": False}, 96, 4, fast_draw=False)
+    try:
+        for env in fast:
+            env.reset(seed=0)
+            for action in [GAS] * 5:
+                env.step(action)
+        assert loaded == [(pygame.font.get_default_font(), 42)]  # two envs, 12 draws
+        plain.reset(seed=0)
+        for action in [GAS] * 5:
+            plain.step(action)
+        first = fast_draw._ScoreFont.loaded
+        pygame.font.quit()
+        for action in [GAS] * 5:  # pygame.font.init() at each draw brings pygame's fonts back, and a new font ours
+            np.testing.assert_array_equal(fast[0].step(action)[0], plain.step(action)[0])
+        assert fast_draw._ScoreFont.loaded is not first
+    finally:
+        for env in [*fast, plain]:
+            env.close()
+
+
+def test_a_render_from_another_gymnasium_keeps_loading_its_font(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast_draw, "KNOWN_RENDER_SOURCE", "another gymnasium")
+    env = gym.make("CarRacing-v3", continuous=False)
+    assert install_fast_draw(env)  # the road, checked on its own
+    assert "_render_road" in vars(env.unwrapped) and "_render" not in vars(env.unwrapped)
+    env.close()
 
 
 def test_envs_without_a_fast_draw_are_left_alone() -> None:

@@ -42,12 +42,17 @@ class _CarRacingSkipper:
 
     @contextmanager
     def skipping(self, env: Any) -> Iterator[None]:
-        # An instance attribute shadows the method; a copy, as step() returns fresh arrays.
+        # An instance attribute shadows the method (or the fast draw's, core.fast_draw, itself one, kept aside);
+        # a copy, as step() returns fresh arrays.
+        drawing = vars(env).get("_render")
         env._render = lambda mode: env.state.copy()
         try:
             yield
         finally:
-            del env._render
+            if drawing is None:
+                del env._render
+            else:
+                env._render = drawing
 
     def draw(self, env: Any) -> Any:
         env.state = env._render("state_pixels")
