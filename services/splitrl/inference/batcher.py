@@ -1,9 +1,13 @@
 """Dynamic batching across edge streams (SEED RL's central inference).
 
-Each stream submits its vector step and awaits the result. A batch closes when
-it holds `max_batch_size` rows, when `max_wait_s` has passed since its first
-request, or as soon as every open stream has a request in it (waiting longer
-could not make it bigger).
+Each stream submits its vector step and awaits the result. Batches run one at a
+time; the next takes every request queued meanwhile, up to `max_batch_size`
+rows. With `max_wait_s` 0 (the default) that is all: a batch runs as soon as
+the policy is free. With more, a batch also waits up to `max_wait_s` after its
+first request for more streams to join, unless every open stream is in (waiting
+longer could not make it bigger). On 2 cores the wait only delayed acting:
+streams in env groups (environment --env-groups) come in turn, each while the
+others step their envs (docs/throughput, session 36).
 
 Memory is bounded: at most `max_queued` requests wait for a batch; a stream
 that submits beyond that waits in `submit` (and so stops reading its gRPC
@@ -53,6 +57,7 @@ class Batcher:
         self._act, self._executor, self._metrics = act, executor, metrics
         self.max_batch_size, self.max_wait_s = max_batch_size, max_wait_s
         self._queue: asyncio.Queue[_Request] = asyncio.Queue(maxsize=max_queued)
+        self._next: _Request | None = None  # taken from the queue, but over the batch's max: it starts the next
         self.open_streams = 0
 
     async def submit(self, observations: torch.Tensor) -> Decisions:
@@ -62,11 +67,12 @@ class Batcher:
         return await future
 
     async def run(self) -> None:
-        """The batching loop; runs until cancelled."""
+        """The batching loop; runs until cancelled. A batch holds at most max_batch_size rows, or one request
+        of more."""
         while True:
-            batch = [await self._queue.get()]
-            rows = batch[0].observations.shape[0]
-            deadline = batch[0].queued_at + self.max_wait_s
+            first, self._next = self._next or await self._queue.get(), None
+            batch, rows = [first], first.observations.shape[0]
+            deadline = first.queued_at + self.max_wait_s
             while rows < self.max_batch_size and len(batch) < max(self.open_streams, 1):
                 remaining = deadline - time.perf_counter()
                 try:
@@ -76,6 +82,9 @@ class Batcher:
                         else await asyncio.wait_for(self._queue.get(), remaining)
                     )
                 except (asyncio.QueueEmpty, TimeoutError):
+                    break
+                if rows + request.observations.shape[0] > self.max_batch_size:
+                    self._next = request
                     break
                 batch.append(request)
                 rows += request.observations.shape[0]

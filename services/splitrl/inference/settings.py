@@ -39,7 +39,11 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
     replay_table: str = Field("rollouts", description="Replay table trajectories are inserted into.")
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")
     max_wait_ms: float = Field(
-        2.0, ge=0, description="Longest a request waits for others to join its batch (ms), unless all streams are in."
+        0.0,
+        ge=0,
+        description="Longest a request waits for others to join its batch (ms). 0: a batch runs as soon as the "
+        "policy is free, with every request queued by then (more queue while it runs). More: the batch also waits, "
+        "until every open stream is in, for streams whose envs are still stepping (larger batches, for a GPU).",
     )
     max_queued_requests: int = Field(
         1024,
