@@ -14,8 +14,9 @@ the indicators, the scaling) is still gymnasium's own code.
 
 gymnasium also loads pygame's default font from its TrueType file at every draw, to
 write the score, and a new font has no glyphs rendered yet: ~360 us a frame, against
-~5 us with one font kept (`_RenderWithOneFont`, ~12% of an agent step's env time; one per process).
-The same font renders the same glyphs, so the pixels stay gymnasium's (the same test).
+~5 us with one font kept (`_RenderWithOneFont`, one per process; an agent step at
+repeat 4 took 1.89 ms instead of 2.54 in benchmarks/action_repeat.py). The same font
+renders the same glyphs, so the pixels stay gymnasium's (the same test).
 
 A *fast draw* is registered per env class, like the render skippers of
 splitrl.core.action_repeat, and installed by make_env (`fast_draw=False` keeps the
@@ -23,7 +24,8 @@ env's own drawing, to time or check it: benchmarks/action_repeat.py). It install
 itself only where its equivalence was checked: gymnasium's road-drawing source as
 tested here (a hash of it), and an x86-64 machine, where pygame's rotation is
 compiled without fused multiply-adds (other compilers may fuse `c * x - s * y`,
-which rounds once instead of twice). Elsewhere the env keeps its own drawing.
+which rounds once instead of twice). Elsewhere the env keeps its own drawing. The
+font goes with the road, where gymnasium's _render is the one tested (its own hash).
 """
 
 from __future__ import annotations

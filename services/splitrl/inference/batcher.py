@@ -9,11 +9,12 @@ longer could not make it bigger). On 2 cores the wait only delayed acting:
 streams in env groups (environment --env-groups) come in turn, each while the
 others step their envs (docs/throughput, session 36).
 
-Memory is bounded: at most `max_queued` requests wait for a batch; a stream
-that submits beyond that waits in `submit` (and so stops reading its gRPC
-stream, which HTTP/2 flow control turns into backpressure on the edge). Each
-stream has at most one request in flight, so with fewer than `max_queued`
-streams the bound is never reached.
+Memory is bounded: at most `max_queued` requests wait in the queue, and one more
+taken from it but left for the next batch (it would have gone over
+`max_batch_size`); a stream that submits beyond that waits in `submit` (and so
+stops reading its gRPC stream, which HTTP/2 flow control turns into
+backpressure on the edge). Each stream has at most one request in flight, so
+with fewer than `max_queued` streams the bound is never reached.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class Batcher:
         """The batching loop; runs until cancelled. A batch holds at most max_batch_size rows, or one request
         of more."""
         while True:
-            first, self._next = self._next or await self._queue.get(), None
+            first = self._next if self._next is not None else await self._queue.get()
+            self._next = None
             batch, rows = [first], first.observations.shape[0]
             deadline = first.queued_at + self.max_wait_s
             while rows < self.max_batch_size and len(batch) < max(self.open_streams, 1):
@@ -94,9 +96,9 @@ class Batcher:
         started = time.perf_counter()
         for request in batch:
             self._metrics.hop_latency.labels(hop="inference-queue").observe(started - request.queued_at)
-        observations = torch.cat([request.observations for request in batch])
-        self._metrics.inference_batch_size.observe(observations.shape[0])
-        try:
+        try:  # rows of another shape than the batch's fail the batch's callers too
+            observations = torch.cat([request.observations for request in batch])
+            self._metrics.inference_batch_size.observe(observations.shape[0])
             decisions = await asyncio.get_running_loop().run_in_executor(self._executor, self._act, observations)
         except Exception as error:  # a failed batch fails its callers, not the loop
             for request in batch:
