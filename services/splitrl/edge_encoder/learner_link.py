@@ -40,7 +40,8 @@ class RefusedByLearner(ValueError):
 
 
 class LearnerLink:
-    """One Train stream at a time; every torch call runs on `compute`, the edge's single compute thread."""
+    """One Train stream at a time; its torch calls run on `compute`, the edge's training thread (acting has its
+    own)."""
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 In the split modes the learner asks for fresh activations (split) or sends gradients (split-accumulate) by step
 id, an update or two after the edge encoded those steps; the edge runs its encoder again on the stored stacks.
 The store is bounded: an id evicted before the learner asks for it is counted (`splitrl_unknown_step_ids_total`)
-and skipped, never an error. It is used from the edge's single compute thread only.
+and skipped, never an error. It is not thread-safe: the edge's EncoderTrainer puts and gets under its lock.
 
 Frames are kept zstd-compressed (level 1). Measured on CarRacing-v3's 96 x 96 gray frames of driving
 (2026-11-27): 9,216 B pack to ~1.1 KB (8.4x) in ~18 us and unpack in ~10 us, so the recipe's full store of

@@ -3,8 +3,11 @@
 Steps are keyed by their id (`splitrl.core.step_ids`); their stacks are in the
 edge's ObservationStore (edge_encoder.observation_store).
 
-Everything here is synchronous torch work; the service runs it on its single
-compute thread, so rollout forwards and training steps never interleave. Every
+Everything here is synchronous torch work. The service acts on one thread and
+trains on another, so an env's step does not queue behind a training step of
+the whole minibatch: `act` and what training changes (the store, the weights
+at the optimizer step) take turns under one lock, and training's forward and
+backward passes, which only read the weights, run beside acting. Every
 encoder pass runs in the trainer's `precision` (core.precision): acting and
 training see the same encoder.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections import OrderedDict
 from pathlib import Path
 
@@ -26,6 +30,7 @@ from torch import nn
 
 from splitrl.core import checkpoint, wire
 from splitrl.core.config import FloatCodec, Precision
+from splitrl.core.framestack import FrameRow
 from splitrl.core.memory import FreedMemory
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import Encoder
@@ -64,7 +69,11 @@ def learning_rate_scale_of(message: training_pb2.EncoderGradients) -> float:
 
 
 class EncoderTrainer:
-    """Applies the learner's activation gradients to the edge's encoder; `version` counts optimizer steps."""
+    """Applies the learner's activation gradients to the edge's encoder; `version` counts optimizer steps.
+
+    Thread use: `act` from one thread, everything else (training, checkpoints) from one other thread. Acting
+    sees each optimizer step whole: activations and the version they are sent with come from one set of
+    weights, and the store never changes under a training read."""
 
     def __init__(
         self,
@@ -102,6 +111,8 @@ class EncoderTrainer:
         self.precision: Precision = precision
         warn_if_emulated(precision, "encoder_precision", "the edge encoder's", log)
         self._freed = FreedMemory()  # each optimizer step's inputs, activations and gradients
+        #: Held by `act`, and by training around the store's reads and the optimizer step (weights, version).
+        self._acting = threading.Lock()
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
         self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
@@ -137,7 +148,8 @@ class EncoderTrainer:
     def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
         """Split: recompute activations for the requested steps, keeping what their gradients will need."""
         requested = unpack_step_ids(request.steps) if request.HasField("steps") else []
-        found, stacks = self.store.get(requested)
+        with self._acting:
+            found, stacks = self.store.get(requested)
         held = set(found)
         missing = [step_id for i, step_id in enumerate(requested) if i not in held]
         if missing:
@@ -169,7 +181,8 @@ class EncoderTrainer:
             steps = unpack_step_ids(message.steps)
             if len(steps) != gradients.shape[0]:
                 raise BadRequest(f"EncoderGradients has {len(steps)} step ids for {gradients.shape[0]} rows")
-            found, pending = self.store.get(steps)
+            with self._acting:
+                found, pending = self.store.get(steps)
             unknown = len(steps) - len(found)
             gradients = gradients[found]
         else:  # split: what was kept when the activations were sent
@@ -185,12 +198,13 @@ class EncoderTrainer:
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate
-            self.optimizer.step()
+            with self._acting:  # weights and version change together, between two acting passes
+                self.optimizer.step()
+                self.version += 1
             self._pending.clear()  # made with the old weights: backpropagating them now would be wrong
             # What the step's inputs, activations and gradients took is free now, kept by glibc: counted by the
             # size of the rows' float32 inputs.
             self._freed.freed(pending.shape[0] * 4 * math.prod(self.encoder.input_shape))
-            self.version += 1
             self.metrics.encoder_updates.inc()
             self.metrics.encoder_version.set(self.version)
             if self.checkpoint_every and self.version % self.checkpoint_every == 0:
@@ -217,6 +231,14 @@ class EncoderTrainer:
         rows = self.rows_per_pass or pending.shape[0]
         for stacks, piece in zip(pending.split(rows), gradients.split(rows), strict=True):
             backward_through(self._forward(stacks), piece)
+
+    def act(self, step_ids: list[int], rows: list[FrameRow], stacks: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Acting, on the acting thread: remember each step's stack (`rows` of shared frames, FrameStacker.rows)
+        under its id for training, and return (`encode(stacks)`, the encoder version that made them)."""
+        with self._acting:
+            self.store.put(step_ids, rows)
+            self.metrics.observation_store_size.set(len(self.store))
+            return self.encode(stacks), self.version
 
     def encode(self, stacks: torch.Tensor) -> torch.Tensor:
         """Acting: activations float32 [B, width] of uint8 stacks [B, ...], without a graph. B is an env stream's
