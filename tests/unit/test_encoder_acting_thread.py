@@ -1,11 +1,12 @@
 """The edge acts on one thread while it trains on another (edge_encoder.training's lock): acting never waits for a
-training pass, and never sees an optimizer step half done."""
+training pass, never sees an optimizer step half done, and what both threads touch is touched under the lock."""
 
 from __future__ import annotations
 
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -19,9 +20,9 @@ from tests.unit.test_encoder_training import WIDTH, as_rows, make_trainer, stack
 WAIT_S = 10.0
 
 
-def gradients_for(step_ids: list[int]) -> training_pb2.EncoderGradients:
+def gradients_for(step_ids: list[int], request_id: int = 1) -> training_pb2.EncoderGradients:
     return training_pb2.EncoderGradients(
-        request_id=1,
+        request_id=request_id,
         steps=pack_step_ids(step_ids),
         gradients=wire.encode(torch.ones(len(step_ids), WIDTH), wire.DType.DTYPE_BFLOAT16),
     )
@@ -48,13 +49,14 @@ def test_acting_runs_while_a_training_pass_is_in_progress():
     assert len(trainer.store) == 4
 
 
-def slow_step(trainer: EncoderTrainer) -> None:
-    """Make the optimizer step one parameter at a time with a pause between: without the lock, acting during it
-    would read some layers stepped and some not."""
+def slow_step(trainer: EncoderTrainer, stepping: threading.Event) -> None:
+    """Make the optimizer step set `stepping`, then write the stepped weights one parameter at a time with a pause
+    between: without the lock, acting during it would read some layers stepped and some not."""
     step = trainer.optimizer.step
     parameters = list(trainer.encoder.parameters())
 
     def stepped_slowly() -> None:
+        stepping.set()
         saved = [p.detach().clone() for p in parameters]
         step()
         stepped = [p.detach().clone() for p in parameters]
@@ -73,15 +75,53 @@ def test_acting_during_an_optimizer_step_sees_the_weights_before_or_after_it_wit
     observed = stacks(3, seed=2)
     trainer.store.put([1, 2], as_rows(stacks(2)))
     before = trainer.encode(observed)
-    slow_step(trainer)
+    stepping = threading.Event()
+    slow_step(trainer, stepping)
     results: list[tuple[torch.Tensor, int]] = []
     with ThreadPoolExecutor(1) as training:
         applied = training.submit(trainer.apply, gradients_for([1, 2]))
         deadline = time.monotonic() + WAIT_S
-        while not applied.done() and time.monotonic() < deadline:
+        while not stepping.is_set() and time.monotonic() < deadline:
             results.append(trainer.act([10, 11, 12], as_rows(observed), observed))
+        assert stepping.is_set()
+        results.append(trainer.act([10, 11, 12], as_rows(observed), observed))  # begun during the step
         applied.result(WAIT_S)
     after = trainer.encode(observed)
-    assert not torch.equal(before, after) and results
+    assert not torch.equal(before, after)
+    assert results[-1][1] == 1
     for activations, version in results:
         assert torch.equal(activations, before if version == 0 else after), version
+
+
+class LockSpy(EncoderTrainer):
+    """Records, for every write of `version`, whether the trainer's lock was held."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "version" and "_acting" in self.__dict__:
+            self.__dict__.setdefault("version_writes_locked", []).append(self._acting.locked())
+        super().__setattr__(name, value)
+
+
+def test_everything_acting_shares_with_training_is_touched_under_the_lock():
+    trainer, _ = make_trainer()
+    spy = LockSpy.__new__(LockSpy)
+    spy.__dict__.update(trainer.__dict__)
+    touched: list[tuple[str, bool]] = []
+
+    def under_lock(name: str, method: Any) -> Any:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            touched.append((name, spy._acting.locked()))
+            return method(*args, **kwargs)
+
+        return recorded
+
+    spy.optimizer.step = under_lock("optimizer.step", spy.optimizer.step)  # type: ignore[method-assign]
+    spy.store.put = under_lock("store.put", spy.store.put)  # type: ignore[method-assign]
+    spy.store.lookup = under_lock("store.lookup", spy.store.lookup)  # type: ignore[method-assign]
+    spy.act([1, 2, 3], as_rows(stacks(3)), stacks(3))
+    spy.apply(gradients_for([1, 2]))  # split-accumulate: a lookup and a step
+    spy.activations(training_pb2.ActivationRequest(request_id=2, steps=pack_step_ids([3])))  # split
+    spy.apply(training_pb2.EncoderGradients(request_id=2, gradients=wire.encode_float(torch.ones(1, WIDTH), "bf16")))
+    assert {name for name, _ in touched} == {"optimizer.step", "store.put", "store.lookup"}
+    assert all(locked for _, locked in touched), touched
+    assert spy.version == 2 and spy.__dict__["version_writes_locked"] == [True, True]

@@ -3,7 +3,8 @@
 In the split modes the learner asks for fresh activations (split) or sends gradients (split-accumulate) by step
 id, an update or two after the edge encoded those steps; the edge runs its encoder again on the stored stacks.
 The store is bounded: an id evicted before the learner asks for it is counted (`splitrl_unknown_step_ids_total`)
-and skipped, never an error. It is not thread-safe: the edge's EncoderTrainer puts and gets under its lock.
+and skipped, never an error. It is not thread-safe: the edge's EncoderTrainer puts and looks up under a lock,
+and unpacks on its training thread only.
 
 Frames are kept zstd-compressed (level 1). Measured on CarRacing-v3's 96 x 96 gray frames of driving
 (2026-11-27): 9,216 B pack to ~1.1 KB (8.4x) in ~18 us and unpack in ~10 us, so the recipe's full store of
@@ -100,11 +101,22 @@ class ObservationStore:
 
     def get(self, step_ids: Sequence[int]) -> tuple[list[int], torch.Tensor | None]:
         """(positions in `step_ids` the store holds, their stacks uint8 [n, depth, H, W]) — None when it holds
-        none. Each distinct frame is unpacked once per call."""
+        none: `lookup`, then `unpack`."""
+        found, rows = self.lookup(step_ids)
+        return found, self.unpack(rows)
+
+    def lookup(self, step_ids: Sequence[int]) -> tuple[list[int], list[PackedRow]]:
+        """(positions in `step_ids` the store holds, their packed rows): the part of `get` that reads the store's
+        index, so the only part a caller that puts from another thread must hold its lock for. A row's bytes
+        never change once put, and an eviction after the lookup leaves the rows looked up whole."""
         found = [i for i, step_id in enumerate(step_ids) if step_id in self._rows]
-        if not found or self._frame_shape is None or self._depth is None:
-            return found, None
-        rows = [self._rows[step_ids[i]] for i in found]
+        return found, [self._rows[step_ids[i]] for i in found]
+
+    def unpack(self, rows: Sequence[PackedRow]) -> torch.Tensor | None:
+        """Stacks uint8 [n, depth, H, W] of packed `rows` (from `lookup`), each distinct frame unpacked once; None
+        for no row. One thread at a time: the store has one decompressor."""
+        if not rows or self._frame_shape is None or self._depth is None:
+            return None
         position: dict[int, int] = {}  # id(packed) -> its row in `unpacked`
         distinct: list[bytes] = []
         for packed in (packed for row in rows for packed in row):
@@ -115,4 +127,4 @@ class ObservationStore:
         for index, packed in enumerate(distinct):
             unpacked[index] = np.frombuffer(self._decompressor.decompress(packed), dtype=np.uint8)
         order = np.array([position[id(packed)] for row in rows for packed in row])
-        return found, torch.from_numpy(unpacked[order]).view(len(rows), self._depth, *self._frame_shape)
+        return torch.from_numpy(unpacked[order]).view(len(rows), self._depth, *self._frame_shape)

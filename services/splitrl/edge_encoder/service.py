@@ -15,11 +15,12 @@ never stitches steps from before and after the gap into one trajectory. Video
 encoders belong to one Act stream, so a new stream starts from keyframes.
 
 In split modes it also keeps each step's frame stack by step id and dials the
-learner (`learner_link`), which trains the encoder through it. Rollout forwards
-run on an acting thread, training steps on the compute thread: an env's step
-waits for at most an optimizer step (EncoderTrainer's lock), not for a whole
-training step: CarRacing split-accumulate's edge-encode hop went from 5.2-5.4 to
-2.4-2.5 ms mean, 40 to 13-14 ms at p99 (docs/throughput, session 37).
+learner (`learner_link`), which trains the encoder through it. What an env's
+step waits for (encoder forwards, video encoding) runs on the acting thread,
+training steps on the training thread: a step waits at most for an optimizer
+step or a lookup in the store (EncoderTrainer's lock), not for a whole training
+step. CarRacing split-accumulate's edge-encode hop went from 5.2-5.4 to 2.4-2.5
+ms mean, 40 to 13-14 ms at p99 (docs/throughput, session 37).
 """
 
 from __future__ import annotations
@@ -74,20 +75,22 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         self.stream_kind = codecs.stream_kind(settings.mode, settings.codec)
         self.step_id_prefix = new_prefix()
         self._step_ids = itertools.count(first_id(self.step_id_prefix))
-        # Training steps and video encoding; acting (split modes) has a thread of its own.
-        self._compute = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder")
-        self._acting: ThreadPoolExecutor | None = None
+        # An env step's torch and video work; split modes' training steps have a thread of their own.
+        self._acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="acting")
+        self._training: ThreadPoolExecutor | None = None
         # Split modes only: the encoder, the store of what it encoded and its training by the learner. Cloud
         # mode sends frames and holds none of it (at width 4,096 the encoder alone is 51 MB).
         self.trainer: EncoderTrainer | None = None
         self.learner_link: LearnerLink | None = None
         if settings.mode != "cloud":
-            self.trainer, self.learner_link = self._encoder_training(settings, metrics)
-            self._acting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="acting")
+            self._training = ThreadPoolExecutor(max_workers=1, thread_name_prefix="training")
+            self.trainer, self.learner_link = self._encoder_training(settings, metrics, self._training)
         self._link_loop = BackgroundLoop("learner link")
         self._inference: Replicas | None = None
 
-    def _encoder_training(self, settings: EdgeEncoderSettings, metrics: Metrics) -> tuple[EncoderTrainer, LearnerLink]:
+    def _encoder_training(
+        self, settings: EdgeEncoderSettings, metrics: Metrics, training: ThreadPoolExecutor
+    ) -> tuple[EncoderTrainer, LearnerLink]:
         torch.manual_seed(settings.seed)
         model = settings.network_config()
         encoder = model.encoder().eval()
@@ -114,7 +117,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
             step_id_prefix=self.step_id_prefix,
             edge_id=settings.edge_id,
             metrics=metrics,
-            compute=self._compute,
+            compute=training,
             transport=settings,
             backoff=Backoff.of(settings),
         )
@@ -144,11 +147,10 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         await self._link_loop.cancel()
         if self._inference is not None:
             await self._inference.close()
-        if self.trainer is not None:  # on the compute thread, after any training step already queued there
-            await asyncio.get_running_loop().run_in_executor(self._compute, self.trainer.save_checkpoint)
-        self._compute.shutdown(wait=True)
-        if self._acting is not None:
-            self._acting.shutdown(wait=True)
+        self._acting.shutdown(wait=True)
+        if self.trainer is not None and self._training is not None:  # after any training step queued there
+            await asyncio.get_running_loop().run_in_executor(self._training, self.trainer.save_checkpoint)
+            self._training.shutdown(wait=True)
 
     async def Rollout(
         self, request_iterator: AsyncIterator[rollout_pb2.EnvStep], context: grpc.aio.ServicerContext
@@ -247,7 +249,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
     async def _encode_video(
         self, video: VideoStreamEncoder, request: rollout_pb2.ActRequest, frames: torch.Tensor
     ) -> None:
-        """On the compute thread: `frames` as one H.264 packet per env into `request`; records the encoding time
+        """On the acting thread: `frames` as one H.264 packet per env into `request`; records the encoding time
         and, with --video-measure-psnr, the PSNR the cloud will see."""
 
         def encode() -> wire.Tensor:
@@ -258,18 +260,18 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
                 self.metrics.video_psnr.observe(video.mirror_psnr(frames, message))
             return message
 
-        message = await asyncio.get_running_loop().run_in_executor(self._compute, encode)
+        message = await asyncio.get_running_loop().run_in_executor(self._acting, encode)
         request.observations.CopyFrom(message)
 
     async def _count_shadow(
         self, video: VideoStreamEncoder, shadow: rollout_pb2.ActRequest, frames: torch.Tensor
     ) -> None:
         """--video-shadow: count the bytes `shadow` (_shadow_of the request as sent) has once `frames` are in it
-        as this Act stream's shadow encoders code them. The encode queues on the compute thread with the env
+        as this Act stream's shadow encoders code them. The encode queues on the acting thread with the env
         groups' encoder work and runs while the exchange waits on inference. A failed encode is logged, not
         counted, and never ends the stream: this is a measurement."""
         try:
-            packets = await asyncio.get_running_loop().run_in_executor(self._compute, video.encode, frames)
+            packets = await asyncio.get_running_loop().run_in_executor(self._acting, video.encode, frames)
         except Exception:
             log.exception("--video-shadow: encoding failed; this step is not counted")
             return

@@ -5,9 +5,10 @@ edge's ObservationStore (edge_encoder.observation_store).
 
 Everything here is synchronous torch work. The service acts on one thread and
 trains on another, so an env's step does not queue behind a training step of
-the whole minibatch: `act` and what training changes (the store, the weights
-at the optimizer step) take turns under one lock, and training's forward and
-backward passes, which only read the weights, run beside acting. Every
+the whole minibatch: `act` and training's touches of what acting uses (the
+store's index, the weights and version at the optimizer step) take turns under
+one lock; training's unpacking of stored frames and its forward and backward
+passes, which only read the weights, run beside acting. Every
 encoder pass runs in the trainer's `precision` (core.precision): acting and
 training see the same encoder.
 
@@ -73,7 +74,7 @@ class EncoderTrainer:
 
     Thread use: `act` from one thread, everything else (training, checkpoints) from one other thread. Acting
     sees each optimizer step whole: activations and the version they are sent with come from one set of
-    weights, and the store never changes under a training read."""
+    weights, and the store's index never changes under a training lookup."""
 
     def __init__(
         self,
@@ -111,7 +112,7 @@ class EncoderTrainer:
         self.precision: Precision = precision
         warn_if_emulated(precision, "encoder_precision", "the edge encoder's", log)
         self._freed = FreedMemory()  # each optimizer step's inputs, activations and gradients
-        #: Held by `act`, and by training around the store's reads and the optimizer step (weights, version).
+        #: Held by `act`, and by training around the store's lookups and the optimizer step (weights, version).
         self._acting = threading.Lock()
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
         self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
@@ -149,7 +150,8 @@ class EncoderTrainer:
         """Split: recompute activations for the requested steps, keeping what their gradients will need."""
         requested = unpack_step_ids(request.steps) if request.HasField("steps") else []
         with self._acting:
-            found, stacks = self.store.get(requested)
+            found, packed = self.store.lookup(requested)
+        stacks = self.store.unpack(packed)
         held = set(found)
         missing = [step_id for i, step_id in enumerate(requested) if i not in held]
         if missing:
@@ -182,7 +184,8 @@ class EncoderTrainer:
             if len(steps) != gradients.shape[0]:
                 raise BadRequest(f"EncoderGradients has {len(steps)} step ids for {gradients.shape[0]} rows")
             with self._acting:
-                found, pending = self.store.get(steps)
+                found, packed = self.store.lookup(steps)
+            pending = self.store.unpack(packed)
             unknown = len(steps) - len(found)
             gradients = gradients[found]
         else:  # split: what was kept when the activations were sent
@@ -241,8 +244,9 @@ class EncoderTrainer:
             return self.encode(stacks), self.version
 
     def encode(self, stacks: torch.Tensor) -> torch.Tensor:
-        """Acting: activations float32 [B, width] of uint8 stacks [B, ...], without a graph. B is an env stream's
-        message size, the same at each of its steps, so acting needs no padding (TRAINING_ROWS_MULTIPLE)."""
+        """Acting's pass (through `act` while training runs on another thread): activations float32 [B, width] of
+        uint8 stacks [B, ...], without a graph. B is an env stream's message size, the same at each of its steps,
+        so acting needs no padding (TRAINING_ROWS_MULTIPLE)."""
         with torch.no_grad():
             return forward_in(self.precision, self.encoder, stacks)
 
