@@ -170,7 +170,13 @@ class ServerSettings(TransportSettings):
         description="Once serving, write the bound ports and the process id here as JSON "
         '{"grpc": N, "metrics": N, "pid": N}.',
     )
-    torch_threads: int = Field(1, ge=1, le=256, description="torch intra-op threads in this process.")
+    torch_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="torch intra-op threads per torch op in this process (a split edge-encoder runs its acting and "
+        "its training ops at once, each with this many).",
+    )
     shutdown_grace_s: float = Field(5.0, gt=0, description="Seconds in-flight calls get to finish on SIGTERM.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     final_metrics_file: Path | None = Field(
