@@ -14,18 +14,10 @@ from splitrl.core import wire
 from splitrl.core.step_ids import pack_step_ids
 from splitrl.edge_encoder.training import EncoderTrainer
 from splitrl.v1 import training_pb2
-from tests.unit.test_encoder_training import WIDTH, as_rows, make_trainer, stacks
+from tests.unit.test_encoder_training import WIDTH, accumulate_gradients, as_rows, make_trainer, stacks
 
 #: Every wait in these tests is bounded: a lock that blocks where it should not fails the test, it does not hang it.
 WAIT_S = 10.0
-
-
-def gradients_for(step_ids: list[int], request_id: int = 1) -> training_pb2.EncoderGradients:
-    return training_pb2.EncoderGradients(
-        request_id=request_id,
-        steps=pack_step_ids(step_ids),
-        gradients=wire.encode(torch.ones(len(step_ids), WIDTH), wire.DType.DTYPE_BFLOAT16),
-    )
 
 
 def test_acting_runs_while_a_training_pass_is_in_progress():
@@ -40,7 +32,7 @@ def test_acting_runs_while_a_training_pass_is_in_progress():
 
     trainer.encoder.register_forward_hook(hold_the_training_pass)
     with ThreadPoolExecutor(1) as training:
-        applied = training.submit(trainer.apply, gradients_for([1, 2]))
+        applied = training.submit(trainer.apply, accumulate_gradients(None))
         assert in_training_pass.wait(WAIT_S)
         activations, version = trainer.act([3, 4], as_rows(stacks(2, seed=1)), stacks(2, seed=1))
         acted.set()  # reached only if acting did not wait for the pass
@@ -79,7 +71,7 @@ def test_acting_during_an_optimizer_step_sees_the_weights_before_or_after_it_wit
     slow_step(trainer, stepping)
     results: list[tuple[torch.Tensor, int]] = []
     with ThreadPoolExecutor(1) as training:
-        applied = training.submit(trainer.apply, gradients_for([1, 2]))
+        applied = training.submit(trainer.apply, accumulate_gradients(None))
         deadline = time.monotonic() + WAIT_S
         while not stepping.is_set() and time.monotonic() < deadline:
             results.append(trainer.act([10, 11, 12], as_rows(observed), observed))
@@ -97,8 +89,8 @@ class LockSpy(EncoderTrainer):
     """Records, for every write of `version`, whether the trainer's lock was held."""
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "version" and "_acting" in self.__dict__:
-            self.__dict__.setdefault("version_writes_locked", []).append(self._acting.locked())
+        if name == "version" and "_shared" in self.__dict__:
+            self.__dict__.setdefault("version_writes_locked", []).append(self._shared.locked())
         super().__setattr__(name, value)
 
 
@@ -110,7 +102,7 @@ def test_everything_acting_shares_with_training_is_touched_under_the_lock():
 
     def under_lock(name: str, method: Any) -> Any:
         def recorded(*args: Any, **kwargs: Any) -> Any:
-            touched.append((name, spy._acting.locked()))
+            touched.append((name, spy._shared.locked()))
             return method(*args, **kwargs)
 
         return recorded
@@ -119,7 +111,7 @@ def test_everything_acting_shares_with_training_is_touched_under_the_lock():
     spy.store.put = under_lock("store.put", spy.store.put)  # type: ignore[method-assign]
     spy.store.lookup = under_lock("store.lookup", spy.store.lookup)  # type: ignore[method-assign]
     spy.act([1, 2, 3], as_rows(stacks(3)), stacks(3))
-    spy.apply(gradients_for([1, 2]))  # split-accumulate: a lookup and a step
+    spy.apply(accumulate_gradients(None))  # split-accumulate: a lookup and a step
     spy.activations(training_pb2.ActivationRequest(request_id=2, steps=pack_step_ids([3])))  # split
     spy.apply(training_pb2.EncoderGradients(request_id=2, gradients=wire.encode_float(torch.ones(1, WIDTH), "bf16")))
     assert {name for name, _ in touched} == {"optimizer.step", "store.put", "store.lookup"}

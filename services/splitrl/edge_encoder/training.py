@@ -112,8 +112,9 @@ class EncoderTrainer:
         self.precision: Precision = precision
         warn_if_emulated(precision, "encoder_precision", "the edge encoder's", log)
         self._freed = FreedMemory()  # each optimizer step's inputs, activations and gradients
-        #: Held by `act`, and by training around the store's lookups and the optimizer step (weights, version).
-        self._acting = threading.Lock()
+        #: Guards what acting and training share: held by `act`, and by training around the store's lookups and
+        #: the optimizer step (weights, version).
+        self._shared = threading.Lock()
         # request id -> activations with their graph, or the uint8 stacks to run again (rows_per_pass)
         self._pending: OrderedDict[int, torch.Tensor] = OrderedDict()
         self.checkpoint_path, self.checkpoint_every = checkpoint_path, checkpoint_every
@@ -149,7 +150,7 @@ class EncoderTrainer:
     def activations(self, request: training_pb2.ActivationRequest) -> training_pb2.Activations:
         """Split: recompute activations for the requested steps, keeping what their gradients will need."""
         requested = unpack_step_ids(request.steps) if request.HasField("steps") else []
-        with self._acting:
+        with self._shared:
             found, packed = self.store.lookup(requested)
         stacks = self.store.unpack(packed)
         held = set(found)
@@ -183,7 +184,7 @@ class EncoderTrainer:
             steps = unpack_step_ids(message.steps)
             if len(steps) != gradients.shape[0]:
                 raise BadRequest(f"EncoderGradients has {len(steps)} step ids for {gradients.shape[0]} rows")
-            with self._acting:
+            with self._shared:
                 found, packed = self.store.lookup(steps)
             pending = self.store.unpack(packed)
             unknown = len(steps) - len(found)
@@ -201,7 +202,7 @@ class EncoderTrainer:
             nn.utils.clip_grad_norm_(self.encoder.parameters(), self.max_grad_norm)
             for group in self.optimizer.param_groups:
                 group["lr"] = learning_rate
-            with self._acting:  # weights and version change together, between two acting passes
+            with self._shared:  # weights and version change together, between two acting passes
                 self.optimizer.step()
                 self.version += 1
             self._pending.clear()  # made with the old weights: backpropagating them now would be wrong
@@ -238,7 +239,7 @@ class EncoderTrainer:
     def act(self, step_ids: list[int], rows: list[FrameRow], stacks: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Acting, on the acting thread: remember each step's stack (`rows` of shared frames, FrameStacker.rows)
         under its id for training, and return (`encode(stacks)`, the encoder version that made them)."""
-        with self._acting:
+        with self._shared:
             self.store.put(step_ids, rows)
             self.metrics.observation_store_size.set(len(self.store))
             return self.encode(stacks), self.version
