@@ -109,6 +109,19 @@ def test_env_steps_trajectories_and_replay_agree(finished_run):
     assert scrape.total([texts["inference"]], "splitrl_inference_batch_size_count") == STEPS // NUM_ENVS
 
 
+def test_cloud_chunks_carry_each_frame_once(finished_run):
+    """Cloud mode's chunks go to replay as the frames their stacks are made of (core.trajectory.unique_frames):
+    per chunk of 16 steps, the first stack's 4 frames, one per step, and 3 more at each episode start (Catch's
+    last 11 steps), ~1.5 frames per step; whole stacks of 4 would be 4.25."""
+    mode, _, texts = finished_run
+    trajectory = scrape.link_counts([texts["replay"]])["inference-replay"]["rollout"]["trajectory"]["received"]
+    bytes_per_step = trajectory["bytes"] / (trajectory["messages"] * 16)
+    if mode == "cloud":
+        assert 1.0 < bytes_per_step / FRAME < 2.0, f"{bytes_per_step / FRAME:.2f} frames per step"
+    else:  # bf16 activations at the stack's width of 4,096: 8,192 bytes per step, and the bootstrap row's
+        assert bytes_per_step < 1.1 * 2 * 4096, f"{bytes_per_step:.0f} bytes per step"
+
+
 async def scraped_run(mode: Mode, codec: ObservationCodec, edge: dict | None = None) -> dict[str, str]:
     stack = await Stack.start(mode, codec, num_envs=NUM_ENVS, steps=STEPS, edge=edge)
     try:

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from splitrl.v1 import tensor_pb2 as splitrl_dot_v1_dot_tensor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17splitrl/v1/replay.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"\xa5\x03\n\nTrajectory\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12/\n\x13\x62\x65haviour_log_probs\x18\x03 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\"\n\x06values\x18\x04 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12#\n\x07rewards\x18\x05 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12&\n\nterminated\x18\x06 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12%\n\ttruncated\x18\x07 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12+\n\x0fpolicy_versions\x18\x08 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12$\n\x08step_ids\x18\t \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12,\n\x10\x65ncoder_versions\x18\n \x01(\x0b\x32\x12.splitrl.v1.Tensor\"\x93\x01\n\rInsertRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\ntrajectory\x18\x03 \x01(\x0b\x32\x16.splitrl.v1.Trajectory\x12\x15\n\x08priority\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\twriter_id\x18\x05 \x01(\tB\x0b\n\t_priority\"B\n\x0eInsertResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0b\n\x03key\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"1\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tnum_items\x18\x02 \x01(\r\"\x98\x01\n\x0bSampledItem\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12*\n\ntrajectory\x18\x02 \x01(\x0b\x32\x16.splitrl.v1.Trajectory\x12\x13\n\x0bprobability\x18\x03 \x01(\x01\x12\x15\n\rtimes_sampled\x18\x04 \x01(\r\x12\x12\n\ntable_size\x18\x05 \x01(\x04\x12\x10\n\x08priority\x18\x06 \x01(\x01\"8\n\x0eSampleResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.splitrl.v1.SampledItem\"\r\n\x0bInfoRequest\"\xe9\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08max_size\x18\x03 \x01(\x04\x12\x0f\n\x07inserts\x18\x04 \x01(\x04\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x12\x10\n\x08selector\x18\x06 \x01(\t\x12\x19\n\x11max_times_sampled\x18\x07 \x01(\r\x12\x19\n\x11priority_exponent\x18\x08 \x01(\x01\x12\x31\n\x0crate_limiter\x18\t \x01(\x0b\x32\x1b.splitrl.v1.RateLimiterInfo\x12\x11\n\tevictions\x18\n \x01(\x04\"\xbe\x01\n\x0fRateLimiterInfo\x12\x1a\n\x12min_size_to_sample\x18\x01 \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x02 \x01(\x01\x12\x10\n\x08min_diff\x18\x03 \x01(\x01\x12\x10\n\x08max_diff\x18\x04 \x01(\x01\x12\x0c\n\x04\x64iff\x18\x05 \x01(\x01\x12\x17\n\x0f\x62locked_inserts\x18\x06 \x01(\x04\x12\x17\n\x0f\x62locked_samples\x18\x07 \x01(\x04\x12\x0f\n\x07\x64\x65letes\x18\x08 \x01(\x04\"5\n\x0cInfoResponse\x12%\n\x06tables\x18\x01 \x03(\x0b\x32\x15.splitrl.v1.TableInfo\",\n\x0bKeyPriority\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x10\n\x08priority\x18\x02 \x01(\x01\"R\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12(\n\x07updates\x18\x02 \x03(\x0b\x32\x17.splitrl.v1.KeyPriority\"A\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\r\x12\x14\n\x0cunknown_keys\x18\x02 \x01(\r2\xa8\x02\n\x06Replay\x12\x43\n\x06Insert\x12\x19.splitrl.v1.InsertRequest\x1a\x1a.splitrl.v1.InsertResponse(\x01\x30\x01\x12?\n\x06Sample\x12\x19.splitrl.v1.SampleRequest\x1a\x1a.splitrl.v1.SampleResponse\x12\x39\n\x04Info\x12\x17.splitrl.v1.InfoRequest\x1a\x18.splitrl.v1.InfoResponse\x12]\n\x10UpdatePriorities\x12#.splitrl.v1.UpdatePrioritiesRequest\x1a$.splitrl.v1.UpdatePrioritiesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17splitrl/v1/replay.proto\x12\nsplitrl.v1\x1a\x17splitrl/v1/tensor.proto\"\xd4\x03\n\nTrajectory\x12(\n\x0cobservations\x18\x01 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12/\n\x13\x62\x65haviour_log_probs\x18\x03 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12\"\n\x06values\x18\x04 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12#\n\x07rewards\x18\x05 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12&\n\nterminated\x18\x06 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12%\n\ttruncated\x18\x07 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12+\n\x0fpolicy_versions\x18\x08 \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12$\n\x08step_ids\x18\t \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12,\n\x10\x65ncoder_versions\x18\n \x01(\x0b\x32\x12.splitrl.v1.Tensor\x12-\n\x11observation_index\x18\x0b \x01(\x0b\x32\x12.splitrl.v1.Tensor\"\x93\x01\n\rInsertRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12*\n\ntrajectory\x18\x03 \x01(\x0b\x32\x16.splitrl.v1.Trajectory\x12\x15\n\x08priority\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x11\n\twriter_id\x18\x05 \x01(\tB\x0b\n\t_priority\"B\n\x0eInsertResponse\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0b\n\x03key\x18\x02 \x01(\x04\x12\x11\n\tduplicate\x18\x03 \x01(\x08\"1\n\rSampleRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12\x11\n\tnum_items\x18\x02 \x01(\r\"\x98\x01\n\x0bSampledItem\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12*\n\ntrajectory\x18\x02 \x01(\x0b\x32\x16.splitrl.v1.Trajectory\x12\x13\n\x0bprobability\x18\x03 \x01(\x01\x12\x15\n\rtimes_sampled\x18\x04 \x01(\r\x12\x12\n\ntable_size\x18\x05 \x01(\x04\x12\x10\n\x08priority\x18\x06 \x01(\x01\"8\n\x0eSampleResponse\x12&\n\x05items\x18\x01 \x03(\x0b\x32\x17.splitrl.v1.SampledItem\"\r\n\x0bInfoRequest\"\xe9\x01\n\tTableInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x10\n\x08max_size\x18\x03 \x01(\x04\x12\x0f\n\x07inserts\x18\x04 \x01(\x04\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x12\x10\n\x08selector\x18\x06 \x01(\t\x12\x19\n\x11max_times_sampled\x18\x07 \x01(\r\x12\x19\n\x11priority_exponent\x18\x08 \x01(\x01\x12\x31\n\x0crate_limiter\x18\t \x01(\x0b\x32\x1b.splitrl.v1.RateLimiterInfo\x12\x11\n\tevictions\x18\n \x01(\x04\"\xbe\x01\n\x0fRateLimiterInfo\x12\x1a\n\x12min_size_to_sample\x18\x01 \x01(\x04\x12\x1a\n\x12samples_per_insert\x18\x02 \x01(\x01\x12\x10\n\x08min_diff\x18\x03 \x01(\x01\x12\x10\n\x08max_diff\x18\x04 \x01(\x01\x12\x0c\n\x04\x64iff\x18\x05 \x01(\x01\x12\x17\n\x0f\x62locked_inserts\x18\x06 \x01(\x04\x12\x17\n\x0f\x62locked_samples\x18\x07 \x01(\x04\x12\x0f\n\x07\x64\x65letes\x18\x08 \x01(\x04\"5\n\x0cInfoResponse\x12%\n\x06tables\x18\x01 \x03(\x0b\x32\x15.splitrl.v1.TableInfo\",\n\x0bKeyPriority\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\x10\n\x08priority\x18\x02 \x01(\x01\"R\n\x17UpdatePrioritiesRequest\x12\r\n\x05table\x18\x01 \x01(\t\x12(\n\x07updates\x18\x02 \x03(\x0b\x32\x17.splitrl.v1.KeyPriority\"A\n\x18UpdatePrioritiesResponse\x12\x0f\n\x07updated\x18\x01 \x01(\r\x12\x14\n\x0cunknown_keys\x18\x02 \x01(\r2\xa8\x02\n\x06Replay\x12\x43\n\x06Insert\x12\x19.splitrl.v1.InsertRequest\x1a\x1a.splitrl.v1.InsertResponse(\x01\x30\x01\x12?\n\x06Sample\x12\x19.splitrl.v1.SampleRequest\x1a\x1a.splitrl.v1.SampleResponse\x12\x39\n\x04Info\x12\x17.splitrl.v1.InfoRequest\x1a\x18.splitrl.v1.InfoResponse\x12]\n\x10UpdatePriorities\x12#.splitrl.v1.UpdatePrioritiesRequest\x1a$.splitrl.v1.UpdatePrioritiesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,31 +33,31 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'splitrl.v1.replay_pb2', _gl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TRAJECTORY']._serialized_start=65
-  _globals['_TRAJECTORY']._serialized_end=486
-  _globals['_INSERTREQUEST']._serialized_start=489
-  _globals['_INSERTREQUEST']._serialized_end=636
-  _globals['_INSERTRESPONSE']._serialized_start=638
-  _globals['_INSERTRESPONSE']._serialized_end=704
-  _globals['_SAMPLEREQUEST']._serialized_start=706
-  _globals['_SAMPLEREQUEST']._serialized_end=755
-  _globals['_SAMPLEDITEM']._serialized_start=758
-  _globals['_SAMPLEDITEM']._serialized_end=910
-  _globals['_SAMPLERESPONSE']._serialized_start=912
-  _globals['_SAMPLERESPONSE']._serialized_end=968
-  _globals['_INFOREQUEST']._serialized_start=970
-  _globals['_INFOREQUEST']._serialized_end=983
-  _globals['_TABLEINFO']._serialized_start=986
-  _globals['_TABLEINFO']._serialized_end=1219
-  _globals['_RATELIMITERINFO']._serialized_start=1222
-  _globals['_RATELIMITERINFO']._serialized_end=1412
-  _globals['_INFORESPONSE']._serialized_start=1414
-  _globals['_INFORESPONSE']._serialized_end=1467
-  _globals['_KEYPRIORITY']._serialized_start=1469
-  _globals['_KEYPRIORITY']._serialized_end=1513
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1515
-  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1597
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1599
-  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1664
-  _globals['_REPLAY']._serialized_start=1667
-  _globals['_REPLAY']._serialized_end=1963
+  _globals['_TRAJECTORY']._serialized_end=533
+  _globals['_INSERTREQUEST']._serialized_start=536
+  _globals['_INSERTREQUEST']._serialized_end=683
+  _globals['_INSERTRESPONSE']._serialized_start=685
+  _globals['_INSERTRESPONSE']._serialized_end=751
+  _globals['_SAMPLEREQUEST']._serialized_start=753
+  _globals['_SAMPLEREQUEST']._serialized_end=802
+  _globals['_SAMPLEDITEM']._serialized_start=805
+  _globals['_SAMPLEDITEM']._serialized_end=957
+  _globals['_SAMPLERESPONSE']._serialized_start=959
+  _globals['_SAMPLERESPONSE']._serialized_end=1015
+  _globals['_INFOREQUEST']._serialized_start=1017
+  _globals['_INFOREQUEST']._serialized_end=1030
+  _globals['_TABLEINFO']._serialized_start=1033
+  _globals['_TABLEINFO']._serialized_end=1266
+  _globals['_RATELIMITERINFO']._serialized_start=1269
+  _globals['_RATELIMITERINFO']._serialized_end=1459
+  _globals['_INFORESPONSE']._serialized_start=1461
+  _globals['_INFORESPONSE']._serialized_end=1514
+  _globals['_KEYPRIORITY']._serialized_start=1516
+  _globals['_KEYPRIORITY']._serialized_end=1560
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_start=1562
+  _globals['_UPDATEPRIORITIESREQUEST']._serialized_end=1644
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_start=1646
+  _globals['_UPDATEPRIORITIESRESPONSE']._serialized_end=1711
+  _globals['_REPLAY']._serialized_start=1714
+  _globals['_REPLAY']._serialized_end=2010
 # @@protoc_insertion_point(module_scope)

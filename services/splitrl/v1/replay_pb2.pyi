@@ -8,7 +8,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Trajectory(_message.Message):
-    __slots__ = ("observations", "actions", "behaviour_log_probs", "values", "rewards", "terminated", "truncated", "policy_versions", "step_ids", "encoder_versions")
+    __slots__ = ("observations", "actions", "behaviour_log_probs", "values", "rewards", "terminated", "truncated", "policy_versions", "step_ids", "encoder_versions", "observation_index")
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
     ACTIONS_FIELD_NUMBER: _ClassVar[int]
     BEHAVIOUR_LOG_PROBS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class Trajectory(_message.Message):
     POLICY_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     STEP_IDS_FIELD_NUMBER: _ClassVar[int]
     ENCODER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_INDEX_FIELD_NUMBER: _ClassVar[int]
     observations: _tensor_pb2.Tensor
     actions: _tensor_pb2.Tensor
     behaviour_log_probs: _tensor_pb2.Tensor
@@ -29,7 +30,8 @@ class Trajectory(_message.Message):
     policy_versions: _tensor_pb2.Tensor
     step_ids: _tensor_pb2.Tensor
     encoder_versions: _tensor_pb2.Tensor
-    def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., behaviour_log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., step_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., encoder_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
+    observation_index: _tensor_pb2.Tensor
+    def __init__(self, observations: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., actions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., behaviour_log_probs: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., values: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., rewards: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., terminated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., truncated: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., policy_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., step_ids: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., encoder_versions: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ..., observation_index: _Optional[_Union[_tensor_pb2.Tensor, _Mapping]] = ...) -> None: ...
 
 class InsertRequest(_message.Message):
     __slots__ = ("table", "sequence", "trajectory", "priority", "writer_id")
