@@ -14,8 +14,14 @@ from splitrl.v1 import replay_pb2
 def tiny_chunk(steps: int = 2, *, marker: int = 0, features: int = 4) -> replay_pb2.Trajectory:
     """A `steps`-step chunk whose observations are uint8 [steps + 1, features], every byte `marker` % 256
     (so a stored chunk can be told from another); everything else is zero, step ids count from 0."""
+    return chunk_of(torch.full((steps + 1, features), marker % 256, dtype=torch.uint8)).to_proto()
+
+
+def chunk_of(observations: torch.Tensor) -> TrajectoryTensors:
+    """The chunk of T steps around `observations` [T+1, ...]: everything else zero, step ids counting from 0."""
+    steps = observations.shape[0] - 1
     return TrajectoryTensors(
-        observations=torch.full((steps + 1, features), marker % 256, dtype=torch.uint8),
+        observations=observations,
         actions=torch.zeros(steps, dtype=torch.int64),
         behaviour_log_probs=torch.zeros(steps),
         values=torch.zeros(steps + 1),
@@ -25,7 +31,7 @@ def tiny_chunk(steps: int = 2, *, marker: int = 0, features: int = 4) -> replay_
         policy_versions=torch.zeros(steps, dtype=torch.int64),
         step_ids=torch.arange(steps + 1),
         encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    ).to_proto()
+    )
 
 
 def training_batch(inputs: torch.Tensor, *, seed: int = 0, first_step_id: int = 0, actions: int = 3) -> Batch:

@@ -9,7 +9,8 @@ import torch
 
 from splitrl.core import wire
 from splitrl.core.rpc import BadRequest
-from splitrl.core.trajectory import TrajectoryTensors, check, from_proto, unique_frames
+from splitrl.core.trajectory import check, from_proto, unique_frames
+from tests.chunks import chunk_of
 
 T, D, SIDE = 5, 4, 6
 
@@ -32,29 +33,13 @@ def stacks_of(episodes: list[list[int]], side: int = SIDE) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def chunk(stacks: torch.Tensor) -> TrajectoryTensors:
-    steps = stacks.shape[0] - 1
-    return TrajectoryTensors(
-        observations=stacks,
-        actions=torch.arange(steps),
-        behaviour_log_probs=torch.zeros(steps),
-        values=torch.zeros(steps + 1),
-        rewards=torch.zeros(steps),
-        terminated=torch.zeros(steps, dtype=torch.bool),
-        truncated=torch.zeros(steps, dtype=torch.bool),
-        policy_versions=torch.zeros(steps, dtype=torch.int64),
-        step_ids=torch.arange(steps + 1),
-        encoder_versions=torch.zeros(steps + 1, dtype=torch.int64),
-    )
-
-
 def test_an_episodes_steps_send_each_frame_once():
     stacks = stacks_of([list(range(10, 10 + T + 1))])
     frames, index = unique_frames(stacks)
     # The first stack's D frames (its first frame repeated), then one new frame per row.
     assert frames.shape == (T + D, SIDE, SIDE)
     assert torch.equal(frames[index], stacks)
-    message = chunk(stacks).to_proto()
+    message = chunk_of(stacks).to_proto()
     assert list(message.observations.shape) == [T + D, SIDE, SIDE]
     assert list(message.observation_index.shape) == [T + 1, D]
     assert len(message.observations.data) == (T + D) * SIDE * SIDE  # against (T + 1) * D frames' bytes
@@ -71,7 +56,7 @@ def test_an_episode_that_starts_inside_the_chunk_sends_its_first_stack_whole():
 @pytest.mark.parametrize("side", [SIDE, 8], ids=["36-byte-frames", "64-byte-frames"])  # compared by byte, by word
 @pytest.mark.parametrize("episodes", [[list(range(T + 1))], [[1, 2], [3], [4, 5, 6]], [[7] * (T + 1)]])
 def test_from_proto_rebuilds_the_stacks_exactly(episodes, side):
-    original = chunk(stacks_of(episodes, side))
+    original = chunk_of(stacks_of(episodes, side))
     message = original.to_proto()
     check(message)
     decoded = from_proto(message)
@@ -81,14 +66,14 @@ def test_from_proto_rebuilds_the_stacks_exactly(episodes, side):
 
 def test_activations_and_single_frames_travel_as_they_are():
     for observations in (torch.zeros(T + 1, 8, dtype=torch.bfloat16), stacks_of([list(range(T + 1))])[:, :1]):
-        message = chunk(observations).to_proto()
+        message = chunk_of(observations).to_proto()
         assert not message.HasField("observation_index")
         assert torch.equal(from_proto(message).observations, observations)
 
 
 def test_a_chunk_of_whole_stacks_without_an_index_still_reads():
     """What splitrl wrote before the index (a replay snapshot, an older inference)."""
-    original = chunk(stacks_of([list(range(T + 1))]))
+    original = chunk_of(stacks_of([list(range(T + 1))]))
     message = original.to_proto()
     message.observations.CopyFrom(wire.encode(original.observations))
     message.ClearField("observation_index")
@@ -102,7 +87,7 @@ def read(request):
 
 
 def sent() -> object:
-    return chunk(stacks_of([list(range(T + 1))])).to_proto()
+    return chunk_of(stacks_of([list(range(T + 1))])).to_proto()
 
 
 @pytest.mark.parametrize("bad", [-1, T + D])
