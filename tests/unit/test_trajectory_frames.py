@@ -71,6 +71,18 @@ def test_activations_and_single_frames_travel_as_they_are():
         assert torch.equal(from_proto(message).observations, observations)
 
 
+def test_stacks_that_are_a_view_of_a_wider_buffer_travel_too():
+    """Rows 8 bytes longer than their stacks: not contiguous, so not comparable as 8-byte words in place."""
+    stacks = stacks_of([list(range(T + 1))], side=8)
+    buffer = torch.zeros(T + 1, D * 64 + 8, dtype=torch.uint8)
+    buffer[:, : D * 64] = stacks.reshape(T + 1, -1)
+    view = buffer[:, : D * 64].unflatten(1, (D, 8, 8))
+    assert not view.is_contiguous()
+    message = chunk_of(view).to_proto()
+    assert message.observations.shape[0] == T + D
+    assert torch.equal(from_proto(message).observations, stacks)
+
+
 def test_a_chunk_of_whole_stacks_without_an_index_still_reads():
     """What splitrl wrote before the index (a replay snapshot, an older inference)."""
     original = chunk_of(stacks_of([list(range(T + 1))]))
