@@ -73,8 +73,10 @@ class TrajectoryTensors:
         message = replay_pb2.Trajectory(
             **{f.name: wire.encode(getattr(self, f.name)) for f in fields(self) if f.name != "observations"}
         )
+        import torch  # here, not at the top: replay imports this module and must not load torch
+
         stacks = self.observations
-        if str(stacks.dtype) == "torch.uint8" and stacks.dim() == 4 and stacks.shape[1] > 1 and stacks.numel():
+        if stacks.dtype == torch.uint8 and stacks.dim() == 4 and stacks.shape[1] > 1 and stacks.numel():
             frames, index = unique_frames(stacks.detach().cpu().contiguous())
             message.observations.CopyFrom(wire.encode(frames))
             message.observation_index.CopyFrom(wire.encode(index))
