@@ -14,6 +14,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     command += ["--frame-size", "36", "--width", "256", "--num-envs", "4", "--steps", "2000"]
     command += ["--modes", "split-accumulate", "--link-sizes", "512,8192", "--link-seconds", "0.3", "--out", str(out)]
     command += ["--unroll-length", "16", "--chunks-per-update", "8", "--sb3-reference", "--profile-s", "1"]
+    command += ["--reference-torch-threads", "1"]  # sync-ppo's phases are one core's work: the cores' bound
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -56,6 +57,13 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert any(profile["top"] for profile in stack["profiles"].values())
     assert "Where the time goes" in table and (out / "runs" / "split-accumulate" / "profile").is_dir()
     assert "| stack split-accumulate |" in result.stdout
+    # CPU per agent step after the warm-up: every service read when the warm-up ended, each reference's own
+    # process over its rate's window; then what the machine's cores allow.
+    assert set(stack["warm_cpu_seconds"]) == set(stack["cpu_seconds"]) and 0 < stack["warm_env_steps"] < 2000
+    assert all(0 < stack["warm_cpu_seconds"][name] <= stack["cpu_seconds"][name] for name in stack["cpu_seconds"])
+    assert all(reference["cpu_seconds"] > 0 for reference in figures["trained"].values())
+    assert figures["cores"] >= 1 and "CPU per agent step after the warm-up" in table
+    assert f"agent steps/s on these {figures['cores']} cores" in table and "1.5x sb3-ppo (" in table
 
 
 def test_bench_throughput_refuses_bad_settings(tmp_path: Path) -> None:

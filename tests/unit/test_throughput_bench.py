@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import gymnasium as gym
 import pytest
@@ -114,6 +115,10 @@ def test_sync_ppo_trains_once_per_chunks_per_update_chunks(monkeypatch: pytest.M
     assert result.update_us_per_step is not None and result.update_us_per_step > 0
     assert result.env_us_per_step is not None and result.model_us_per_step is not None
     assert result.wall_seconds >= result.seconds > 0
+    # CPU over the same window as the rate: at least its env and update time (one thread), at most its cores' worth.
+    assert result.cpu_seconds is not None and result.cpu_ms_per_step is not None
+    assert 0.5 * (result.env_us_per_step + result.update_us_per_step) * 64 / 1e6 < result.cpu_seconds
+    assert result.cpu_seconds < (result.seconds + 0.05) * max(torch.get_num_threads(), 1) * 1.5
 
 
 def test_the_single_process_references_train_on_their_own_threads(monkeypatch, tmp_path) -> None:
@@ -301,3 +306,71 @@ def test_a_stack_run_too_brief_to_time_says_to_raise_steps(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"curve": curve}))
     with pytest.raises(RuntimeError, match=r"stack cloud ran too briefly to time .*raise --steps"):
         read_stack("cloud", tmp_path, warmup_fraction=0.15)
+
+
+def _budget_report(**settings: object) -> ThroughputReport:
+    """2 cores; sync-ppo at 4 CPU ms per agent step (env 2 ms), SB3 at 250 agent steps/s, and a cloud stack at
+    300 agent steps/s spending 6 CPU ms per agent step after the warm-up (its CPU read when 1,000 of its 4,000
+    env steps were taken)."""
+    shape = {"env": "E", "num_envs": 8, "steps": 4000, "torch_threads": 1, "action_repeat": 1, "unroll_length": 32,
+             "chunks_per_update": 16, "epochs": 4, "minibatches": 4}  # fmt: skip
+    report = ThroughputReport(settings=shape | settings)
+    report.cores = 2
+    report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
+    report.trained = {
+        "sync-ppo": BaselineResult(3000, 10.0, 2000.0, 500.0, 1500.0, updates=6, cpu_seconds=12.0),
+        "sb3-ppo": BaselineResult(2500, 10.0, None, None, None, updates=5, cpu_seconds=11.5),
+    }
+    cpu_at_end = {"environment": 10.0, "learner": 9.0, "inference": 4.0}
+    cpu_at_warm_up = {"environment": 2.5, "learner": 2.0, "inference": 0.5}  # 18 CPU s over 3,000 steps
+    report.stacks = [
+        StackResult(
+            "cloud", 3000, 10.0, 14.0, {}, 4.0, 1.0, 2.0, 6, cpu_at_end, "r",
+            env_steps_total=4000, warm_env_steps=1000, warm_cpu_seconds=cpu_at_warm_up,
+        ),
+        StackResult("split", 2000, 10.0, 14.0, {}, 4.0, 1.0, 2.0, 6, cpu_at_end, "r", env_steps_total=4000),
+    ]  # fmt: skip
+    return report
+
+
+def test_the_report_says_what_the_cores_allow_the_stack() -> None:
+    report = _budget_report(reference_torch_threads=1)
+    assert report.stacks[0].cpu_ms_per_step == pytest.approx(6.0)
+    assert report.stacks[1].cpu_ms_per_step is None  # no warm-up reading: unknown, not counted from the start
+    text = render_markdown(report)
+    assert "| sync-ppo | 300.0 | 4.00 | 1.20 |" in text
+    assert "| sb3-ppo | 250.0 | 4.60 | 1.15 |" in text
+    assert "| stack cloud | 300.0 | 6.00 | 1.80 |" in text
+    assert "| stack split | 200.0 | - | - |" in text
+    # sync-ppo's work on one thread: 2 + 0.5 + 1.5 = 4 ms per agent step; 2 cores / 4 ms = 500 agent steps/s,
+    # no more than the env process's 1 / 2 ms = 500: not capped.
+    assert (
+        "at most 500 agent steps/s on these 2 cores (1.67x sync-ppo, 2.00x sb3-ppo): sync-ppo's work, 4.00 ms" in text
+    )
+    assert "capped" not in text
+    # 1.5 x 250 = 375 agent steps/s on 2 cores: 5.33 ms per agent step.
+    assert "1.5x sb3-ppo (375 agent steps/s) allows 5.33 CPU ms per agent step with every core busy" in text
+    assert "| cloud | 6.00 | 0.67 (11%) |" in text
+    assert "| split | - | - |" in text
+    report.stacks[0] = replace(report.stacks[0], cpu_seconds={"environment": 8.0, "learner": 7.0, "inference": 3.0})
+    assert "| cloud | 4.33 | none |" in render_markdown(report)  # 13 CPU s over 3,000 steps
+
+
+def test_the_cores_bound_needs_sync_ppo_on_one_thread_and_is_capped_by_one_env_process() -> None:
+    report = _budget_report(reference_torch_threads=1)
+    report.trained["sync-ppo"] = BaselineResult(3000, 10.0, 2500.0, 500.0, 1000.0, updates=6, cpu_seconds=12.0)
+    assert "at most 400 agent steps/s on these 2 cores (1.33x sync-ppo, 1.60x sb3-ppo)" in render_markdown(report)
+    assert "capped by the environment process stepping every env on one core (400)" in render_markdown(report)
+    workers = _budget_report(reference_torch_threads=1, env_workers=True)  # the envs step on every core: no cap
+    workers.trained["sync-ppo"] = report.trained["sync-ppo"]
+    assert "at most 500 agent steps/s" in render_markdown(workers)
+    # On 2 threads sync-ppo's phases are not one core's work (and its CPU counts spinning threads): no bound.
+    two_threads = render_markdown(_budget_report(reference_torch_threads=2))
+    assert "At no CPU cost" not in two_threads and "--reference-torch-threads 1 adds the stack's bound" in two_threads
+    assert "| cloud | 6.00 | 0.67 (11%) |" in two_threads  # the budget stands on SB3's rate alone
+    report.cores = 0  # not recorded (a report from before the cores were): CPU per run, no bound, no budget
+    assert "| stack cloud | 300.0 | 6.00 | 1.80 |" in render_markdown(report)
+    assert "At no CPU cost" not in render_markdown(report) and "allows" not in render_markdown(report)
+    report.trained = {name: replace(r, cpu_seconds=None) for name, r in report.trained.items()}
+    report.stacks = []
+    assert "CPU per agent step" not in render_markdown(report)

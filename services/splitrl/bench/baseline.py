@@ -42,7 +42,8 @@ P = TypeVar("P", bound=Sequence[float])
 class BaselineResult:
     """`steps` agent steps (and `updates` PPO updates) in `seconds` after the warm-up; the time split is per
     agent step, in microseconds (None: not measured); `wall_seconds` is the whole run, set-up included, to
-    `total_steps`."""
+    `total_steps`. `cpu_seconds`: the CPU time its process spent (every thread) over the same `steps`; None
+    where not every process of the run is counted (SB3's SubprocVecEnv workers) or not measured."""
 
     steps: int
     seconds: float
@@ -52,10 +53,16 @@ class BaselineResult:
     updates: int = 0
     wall_seconds: float = 0.0
     total_steps: int = 0
+    cpu_seconds: float | None = None
 
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.seconds
+
+    @property
+    def cpu_ms_per_step(self) -> float | None:
+        """CPU milliseconds per agent step after the warm-up, every thread of the run counted (None: unknown)."""
+        return None if self.cpu_seconds is None else 1e3 * self.cpu_seconds / self.steps
 
 
 def steady_span(points: Sequence[P], warmup_fraction: float) -> tuple[P, P]:
@@ -102,7 +109,9 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
             torch.zeros(n, dtype=torch.bool),
         )
         clock = time.perf_counter()  # rates count from here: set-up (envs, network, Adam) is in wall_seconds only
-        points: list[tuple[float, float, float]] = [(0, 0.0, 0)]
+        cpu_clock = time.process_time()  # every thread of this process: torch's intra-op threads too
+        #: (agent steps, seconds, updates, CPU seconds), cumulative.
+        points: list[tuple[float, float, float, float]] = [(0, 0.0, 0, 0.0)]
         env_s = model_s = 0.0
         while points[-1][0] < run.steps:
             before_model = time.perf_counter()
@@ -122,7 +131,7 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
             model_s += before_env - before_model
             env_s += after - before_env
             updates = learner.updates if learner is not None else 0
-            points.append((points[-1][0] + n, after - clock, updates))
+            points.append((points[-1][0] + n, after - clock, updates, time.process_time() - cpu_clock))
         if learner is not None:
             # The last rollout's update, as SB3 (and CleanRL) run it: its chunks are cut once their bootstrap
             # step is acted on, without stepping the envs again.
@@ -130,7 +139,9 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
             observations = stacker.push(torch.from_numpy(frames), episode_start)
             learner.add(observations, policy.act(observations), rewards, terminated, truncated)
             model_s += time.perf_counter() - before_model
-            points.append((points[-1][0], time.perf_counter() - clock, learner.updates))
+            points.append(
+                (points[-1][0], time.perf_counter() - clock, learner.updates, time.process_time() - cpu_clock)
+            )
     finally:
         envs.close()
     first, last = steady_span(points, warmup_fraction)
@@ -145,6 +156,7 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
         updates=int(last[2] - first[2]),
         wall_seconds=time.perf_counter() - started,
         total_steps=total,
+        cpu_seconds=last[3] - first[3],
     )
 
 

@@ -179,8 +179,10 @@ def _new_model(run: RunSettings, venv: Any, seed: int) -> Any:
 ZERO_POINT = {"env_steps": 0.0, "episodes": 0.0, "return_sum": 0.0, "updates": 0.0, "seconds": 0.0}
 
 
-def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
-    """Collects cumulative curve points as `splitrl up` writes them (no WAN bytes: one process), in `.points`."""
+def _curve_callback(offset: dict[str, float], every_steps: int, cpu: bool = False) -> Any:
+    """Collects cumulative curve points as `splitrl up` writes them (no WAN bytes: one process), in `.points`;
+    with `cpu`, each point also holds `cpu_seconds`, this process's CPU time (every thread) since training
+    began (the bench's, not the learning curve's: a resumed run's would restart at 0)."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     class CurveLogger(BaseCallback):  # type: ignore[misc]
@@ -188,6 +190,7 @@ def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
             self.point = dict(offset)
             self.points: list[dict[str, float]] = []
             self.clock = time.perf_counter() - offset["seconds"]
+            self.cpu_clock = time.process_time()
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
@@ -207,6 +210,8 @@ def _curve_callback(offset: dict[str, float], every_steps: int) -> Any:
 
         def _take(self) -> None:
             self.point["seconds"] = round(time.perf_counter() - self.clock, 3)
+            if cpu:
+                self.point["cpu_seconds"] = time.process_time() - self.cpu_clock
             self.points.append(dict(self.point))
 
     return CurveLogger()
@@ -281,19 +286,20 @@ def train_sb3(run_dir: Path, run: RunSettings, budget: Budget) -> None:
 
 def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
     """SB3 PPO trained for `run.steps` agent steps from scratch, timed as the bench times splitrl: agent steps
-    and updates per second after the warm-up, and the wall time to `run.steps` with set-up (envs, model)."""
+    and updates per second after the warm-up, and the wall time to `run.steps` with set-up (envs, model); its
+    CPU time after the warm-up where every env steps in this process (DummyVecEnv: not with env workers)."""
     require_sb3()
     torch.set_num_threads(run.torch_threads)
     started = time.perf_counter()
     venv = _vector_env(run, run.seed)
     try:
         model = _with_schedule(_new_model(run, venv, run.seed))
-        curve_logger = _curve_callback(dict(ZERO_POINT), every_steps=run.num_envs)
+        curve_logger = _curve_callback(dict(ZERO_POINT), every_steps=run.num_envs, cpu=True)
         model.learn(run.steps, callback=_callbacks(run, curve_logger))
     finally:
         venv.close()
-    points = [(p["env_steps"], p["seconds"], p["updates"]) for p in curve_logger.points]
-    first, last = steady_span([(0.0, 0.0, 0.0), *points], warmup_fraction)
+    points = [(p["env_steps"], p["seconds"], p["updates"], p["cpu_seconds"]) for p in curve_logger.points]
+    first, last = steady_span([(0.0, 0.0, 0.0, 0.0), *points], warmup_fraction)
     return BaselineResult(
         steps=int(last[0] - first[0]),
         seconds=last[1] - first[1],
@@ -303,4 +309,5 @@ def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
         updates=int(last[2] - first[2]),
         wall_seconds=time.perf_counter() - started,
         total_steps=int(last[0]),
+        cpu_seconds=None if run.env_workers else last[3] - first[3],
     )

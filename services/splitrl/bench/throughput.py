@@ -30,12 +30,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span
+from splitrl.bench.cpu_budget import usable_cores
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
 from splitrl.bench.settings import ThroughputBenchSettings
@@ -80,24 +81,36 @@ def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | 
 
 
 def run_stack(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path) -> StackResult:
-    """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory; with
-    --profile-s, its services' sampling profiles too."""
+    """One `splitrl up` in `mode` (a child process, as a user runs it), read back from its run directory, with
+    every service's CPU time when the warm-up ended; with --profile-s, its services' sampling profiles too."""
     run = run_settings(settings, mode, run_dir)
     shutil.rmtree(run_dir, ignore_errors=True)  # an earlier bench's run of this mode: each measures a fresh run
     command = [sys.executable, "-m", "splitrl.cli.main", "up", *settings_argv(run)]
     with subprocess.Popen(command, stdout=subprocess.DEVNULL) as up:
-        profiles = _profile_once_warm(settings, run_dir, up) if settings.profile_s else {}
+        warm = _at_warm_up(settings, run_dir, up)
         returncode = up.wait()
     if returncode != 0:
         raise RuntimeError(f"splitrl up --mode {mode} failed (exit {returncode}); see {run_dir / 'logs'}")
-    return replace(read_stack(mode, run_dir, settings.warmup_fraction), profiles=profiles)
+    stack = read_stack(mode, run_dir, settings.warmup_fraction)
+    if warm is None:  # the run ended before its warm-up did
+        return stack
+    return replace(stack, warm_env_steps=warm.env_steps, warm_cpu_seconds=warm.cpu_seconds, profiles=warm.profiles)
 
 
-def _profile_once_warm(
-    settings: ThroughputBenchSettings, run_dir: Path, up: subprocess.Popen[bytes]
-) -> dict[str, ServiceProfile]:
-    """Once the environment has taken the warm-up share of the run's env steps, sample every service process
-    (as their port files name them) for --profile-s seconds; {} if the run ends first."""
+@dataclass(frozen=True)
+class _WarmUp:
+    """A stack run when the environment had taken the warm-up share of its env steps: that count, each service's
+    CPU seconds then (its workers' included), and the py-spy profiles taken from there (--profile-s)."""
+
+    env_steps: int
+    cpu_seconds: dict[str, float]
+    profiles: dict[str, ServiceProfile]
+
+
+def _at_warm_up(settings: ThroughputBenchSettings, run_dir: Path, up: subprocess.Popen[bytes]) -> _WarmUp | None:
+    """Once the environment has taken the warm-up share of the run's env steps: every service's CPU seconds
+    (from its /metrics, as their port files name them) and, with --profile-s, every service process sampled for
+    that many seconds; None if the run ends first."""
     warm_steps = settings.warmup_fraction * settings.steps
     while up.poll() is None:
         ports = port_files(run_dir)
@@ -105,13 +118,16 @@ def _profile_once_warm(
             serving = {name: json.loads(path.read_text()) for name, path in ports.items()}
             try:
                 steps = scrape.total([scrape.fetch(serving["environment"]["metrics"])], f"{ENV_STEPS}_total")
-            except OSError:  # between the port file and the first scrape, or the environment is done
-                steps = 0.0
-            if steps >= warm_steps:
+                texts = {name: scrape.fetch(p["metrics"]) for name, p in serving.items()} if steps >= warm_steps else {}
+            except OSError:  # between the port file and the first scrape, or a service is done
+                texts = {}
+            if texts:
+                cpu = {name: scrape.process_cost(text).cpu_seconds for name, text in texts.items()}
                 pids = {name: int(ports_of["pid"]) for name, ports_of in serving.items()}
-                return record(pids, settings.profile_s, run_dir / "profile")
+                profiles = record(pids, settings.profile_s, run_dir / "profile") if settings.profile_s else {}
+                return _WarmUp(int(steps), cpu, profiles)
         time.sleep(0.5)
-    return {}
+    return None
 
 
 def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
@@ -170,7 +186,7 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     if settings.reference_torch_threads is None:  # torch's own default, read before any run sets the process's
         settings = settings.model_copy(update={"reference_torch_threads": torch.get_num_threads()})
     settings.out.mkdir(parents=True, exist_ok=True)
-    report = ThroughputReport(settings=json.loads(settings.model_dump_json()))
+    report = ThroughputReport(settings=json.loads(settings.model_dump_json()), cores=usable_cores())
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
     try:
         _measure_all(settings, run, report)

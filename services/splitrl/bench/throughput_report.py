@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from splitrl.bench.baseline import BaselineResult
+from splitrl.bench.cpu_budget import cpu_budget_lines
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
 from splitrl.run.registry import EDGE_SERVICES
@@ -61,10 +62,24 @@ class StackResult:
     updates: int = 0
     #: py-spy's samples of each service process, by name (--profile-s; empty without it).
     profiles: dict[str, ServiceProfile] = field(default_factory=dict)
+    #: When the warm-up ended (the environment past the warm-up share of the run's env steps): its env steps,
+    #: and each service's CPU seconds then, its workers' included (empty: the run ended first).
+    warm_env_steps: int = 0
+    warm_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def steps_per_s(self) -> float:
         return self.steps / self.seconds
+
+    @property
+    def cpu_ms_per_step(self) -> float | None:
+        """CPU milliseconds per agent step after the warm-up, every service's processes and threads together;
+        None without a warm-up reading of every service."""
+        steps = self.env_steps_total - self.warm_env_steps
+        if steps <= 0 or not self.warm_cpu_seconds or set(self.warm_cpu_seconds) != set(self.cpu_seconds):
+            return None
+        spent = sum(self.cpu_seconds[name] - self.warm_cpu_seconds[name] for name in self.cpu_seconds)
+        return 1e3 * spent / steps
 
 
 @dataclass
@@ -75,6 +90,8 @@ class ThroughputReport:
     links: list[LinkResult] = field(default_factory=list)
     #: The single-process training references by name (sync-ppo, sb3-ppo).
     trained: dict[str, BaselineResult] = field(default_factory=dict)
+    #: CPU cores the bench's processes could run on (0: not recorded).
+    cores: int = 0
 
     @property
     def baseline_steps_per_s(self) -> float:
@@ -93,6 +110,7 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
         ],
         "links": [link.as_dict() for link in report.links],
         "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
+        "cores": report.cores,
     }
 
 
@@ -129,6 +147,7 @@ def render_markdown(report: ThroughputReport) -> str:
         )
     lines += (
         _training_table(report)
+        + cpu_budget_lines(report)
         + _baseline_profile(report)
         + _hop_table(report)
         + _cpu_table(report)
