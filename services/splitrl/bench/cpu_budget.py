@@ -108,12 +108,14 @@ def _budget_for_the_target(report: ThroughputReport) -> list[str]:
     ]
     for stack in report.stacks:
         cpu = stack.cpu_ms_per_step
-        over = (
-            "-"
-            if cpu is None
-            else "none"
-            if cpu <= allowed_ms
-            else f"{cpu - allowed_ms:.2f} ({1 - allowed_ms / cpu:.0%})"
-        )
-        lines.append(f"| {stack.mode} | {'-' if cpu is None else f'{cpu:.2f}'} | {over} |")
+        lines.append(f"| {stack.mode} | {'-' if cpu is None else f'{cpu:.2f}'} | {_over(cpu, allowed_ms)} |")
     return lines
+
+
+def _over(cpu_ms: float | None, allowed_ms: float) -> str:
+    """How far `cpu_ms` per agent step is over `allowed_ms`, and that share of it: what would have to go."""
+    if cpu_ms is None:
+        return "-"
+    if cpu_ms <= allowed_ms:
+        return "none"
+    return f"{cpu_ms - allowed_ms:.2f} ({1 - allowed_ms / cpu_ms:.0%})"
