@@ -117,11 +117,13 @@ def _at_warm_up(settings: ThroughputBenchSettings, run_dir: Path, up: subprocess
         if "environment" in ports and len(ports) >= len(SERVICES):
             serving = {name: json.loads(path.read_text()) for name, path in ports.items()}
             try:
-                steps = scrape.total([scrape.fetch(serving["environment"]["metrics"])], f"{ENV_STEPS}_total")
-                texts = {name: scrape.fetch(p["metrics"]) for name, p in serving.items()} if steps >= warm_steps else {}
-            except OSError:  # between the port file and the first scrape, or a service is done
-                texts = {}
-            if texts:
+                texts = {"environment": scrape.fetch(serving["environment"]["metrics"])}
+                steps = scrape.total([texts["environment"]], f"{ENV_STEPS}_total")
+                if steps >= warm_steps:  # the others read right after: the environment's CPU is from this reading
+                    texts |= {name: scrape.fetch(p["metrics"]) for name, p in serving.items() if name not in texts}
+            except OSError:  # between the port file and the first scrape, or a service is done: read again
+                steps = -math.inf
+            if steps >= warm_steps:
                 cpu = {name: scrape.process_cost(text).cpu_seconds for name, text in texts.items()}
                 pids = {name: int(ports_of["pid"]) for name, ports_of in serving.items()}
                 profiles = record(pids, settings.profile_s, run_dir / "profile") if settings.profile_s else {}
