@@ -26,9 +26,10 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert stack["mean_batch_size"] >= 1
     for hop in ("environment-edge", "edge-inference", "inference-compute"):
         assert stack["hops"][hop]["count"] > 0 and stack["hops"][hop]["p99_s"] >= stack["hops"][hop]["p50_s"]
-    assert set(stack["cpu_seconds"]) == {"environment", "edge-encoder", "inference", "replay", "learner"}
+    services = {"environment", "edge-encoder", "inference", "replay", "learner"}
+    assert set(stack["cpu_seconds"]) == services | {"splitrl up"}  # the stack's own process counts too
     assert all(seconds > 0 for seconds in stack["cpu_seconds"].values())
-    assert set(stack["resident_bytes"]) == set(stack["cpu_seconds"]) and stack["env_steps_total"] >= stack["steps"]
+    assert set(stack["resident_bytes"]) == services and stack["env_steps_total"] >= stack["steps"]
     # The edge's environment process holds no torch; the edge-encoder runs the encoder network.
     assert stack["resident_bytes"]["environment"] < stack["resident_bytes"]["edge-encoder"]
     assert {(link["transport"], link["message_bytes"]) for link in figures["links"]} == {
@@ -49,14 +50,14 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert "| stack split-accumulate |" in table and "gRPC / TCP" in table and "The edge's own costs" in table
     assert "| sync-ppo |" in table and "| sb3-ppo |" in table and "x sb3-ppo" in table
     # --profile-s: py-spy sampled every service process for a second once the warm-up was over.
-    assert set(stack["profiles"]) == set(stack["cpu_seconds"])
+    assert set(stack["profiles"]) == services
     assert all(0 <= profile["waiting_share"] <= 1 for profile in stack["profiles"].values())
     # py-spy counts running threads only: the services that work on every env step always have samples, while
     # replay can wait through the whole second (a CI run caught it with none).
     assert all(stack["profiles"][name]["samples"] > 0 for name in ("edge-encoder", "inference")), stack["profiles"]
     assert any(profile["top"] for profile in stack["profiles"].values())
     assert "Where the time goes" in table and (out / "runs" / "split-accumulate" / "profile").is_dir()
-    assert "| stack split-accumulate |" in result.stdout
+    assert "| stack split-accumulate |" in result.stdout and "| splitrl up | " in table
     # CPU per agent step after the warm-up: every service read when the warm-up ended, each reference's own
     # process over its rate's window; then what the machine's cores allow.
     assert set(stack["warm_cpu_seconds"]) == set(stack["cpu_seconds"]) and 0 < stack["warm_env_steps"] < 2000

@@ -114,6 +114,8 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     for name, cost in processes.items():
         assert cost["cpu_ms_per_env_step"] > 0 and 0 < cost["resident_mib"] <= cost["peak_resident_mib"], name
     assert processes["environment"]["peak_resident_mib"] < processes["edge-encoder"]["peak_resident_mib"]  # no torch
+    supervisor = summary["supervisor"]  # splitrl up's own CPU and memory: it scrapes every service
+    assert supervisor["cpu_ms_per_env_step"] > 0 and 0 < supervisor["resident_mib"] <= supervisor["peak_resident_mib"]
     assert "summary written to" in result.stdout
     assert (run_dir / "learning.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     assert not processes_mentioning(str(run_dir))

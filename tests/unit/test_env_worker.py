@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from splitrl.core.env_worker import NO_USAGE, ProcessUsage, WorkerVectorEnv, group_envs
+from splitrl.core.env_worker import WorkerVectorEnv, group_envs
+from splitrl.core.usage import NO_USAGE, ProcessUsage
 
 FAST_ENV = "splitrl/Catch-v0"
 

@@ -156,3 +156,24 @@ def test_process_cost_adds_worker_processes_and_leaves_what_is_not_exported_unkn
     unknown = scrape.process_cost("splitrl_worker_cpu_seconds 0\n")  # no process_* series: not Linux
     assert math.isnan(unknown.cpu_seconds) and math.isnan(unknown.resident_bytes)
     assert math.isnan(unknown.peak_resident_bytes)
+
+
+def test_an_exposition_read_many_times_is_parsed_once(registry, monkeypatch):
+    # splitrl up reads each service's newest /metrics ~10 times per progress tick: progress, curve, TensorBoard.
+    meter = LinkMeter(Metrics(registry), "env-encoder")
+    meter.sent(rollout_pb2.EnvStep(sequence=1, rewards=[1.0, 2.0]), phase="rollout", payload="observation")
+    text = generate_latest(registry).decode()
+    parses = []
+    scrape._parsed.cache_clear()  # this exact text cannot have been read before
+    parse = scrape.text_string_to_metric_families
+    monkeypatch.setattr(scrape, "text_string_to_metric_families", lambda t: parses.append(t) or parse(t))
+    links = scrape.link_counts([text])
+    for _ in range(9):
+        assert scrape.link_counts([text]) == links
+    assert links["env-encoder"]["rollout"]["observation"]["sent"]["messages"] == 1
+    assert len(parses) == 1
+    # Another exposition (the next scrape) is parsed on its own, and the first one's reading is unchanged.
+    meter.sent(rollout_pb2.EnvStep(sequence=2), phase="rollout", payload="observation")
+    later = generate_latest(registry).decode()
+    assert scrape.link_counts([later])["env-encoder"]["rollout"]["observation"]["sent"]["messages"] == 2
+    assert scrape.link_counts([text]) == links and len(parses) == 2

@@ -27,6 +27,8 @@ def test_the_summary_table_fits_80_columns_without_cutting_names(tmp_path):
             "edge-encoder": {"cpu_ms_per_env_step": 1234.56, "resident_mib": 12345.6, "peak_resident_mib": 23456.7},
             "inference-12": {"cpu_ms_per_env_step": None, "resident_mib": 277.0, "peak_resident_mib": None},
         },
+        # splitrl up's own, on a system without /proc
+        "supervisor": {"cpu_ms_per_env_step": None, "resident_mib": None, "peak_resident_mib": None},
     }
     progress = Progress(750_000, interactive=False)
     progress.console = Console(width=80, record=True, file=open(tmp_path / "out.txt", "w"))  # noqa: SIM115
@@ -39,3 +41,4 @@ def test_the_summary_table_fits_80_columns_without_cutting_names(tmp_path):
     rows = {cells[0]: cells[1:] for line in text.splitlines() if len(cells := cell_texts(line)) == 4}
     assert rows["edge-encoder"] == ["1234.56", "12346", "23457"]  # CPU ms/env step, MiB at the end, peak MiB
     assert rows["inference-12"] == ["-", "277", "-"]
+    assert rows["splitrl up"] == ["-", "-", "-"]

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,6 +44,7 @@ from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import (
     HOPS,
     SERVICES,
+    SUPERVISOR,
     Hop,
     StackResult,
     ThroughputReport,
@@ -58,6 +60,7 @@ from splitrl.core.metrics import (
     INFERENCE_BATCH_SIZE,
     POLICY_LAG,
 )
+from splitrl.core.usage import process_usage
 from splitrl.run.plan import port_files, shared_values
 from splitrl.run.settings import RunSettings
 from splitrl.run.summary import shutdown_texts_by_service
@@ -109,8 +112,8 @@ class _WarmUp:
 
 def _at_warm_up(settings: ThroughputBenchSettings, run_dir: Path, up: subprocess.Popen[bytes]) -> _WarmUp | None:
     """Once the environment has taken the warm-up share of the run's env steps: every service's CPU seconds
-    (from its /metrics, as their port files name them) and, with --profile-s, every service process sampled for
-    that many seconds; None if the run ends first."""
+    (from its /metrics, as their port files name them) and `splitrl up`'s own (from /proc), and, with
+    --profile-s, every service process sampled for that many seconds; None if the run ends first."""
     warm_steps = settings.warmup_fraction * settings.steps
     while up.poll() is None:
         ports = port_files(run_dir)
@@ -125,6 +128,8 @@ def _at_warm_up(settings: ThroughputBenchSettings, run_dir: Path, up: subprocess
                 steps = -math.inf
             if steps >= warm_steps:
                 cpu = {name: scrape.process_cost(text).cpu_seconds for name, text in texts.items()}
+                if (supervisor := process_usage(up.pid)) is not None:
+                    cpu[SUPERVISOR] = supervisor.cpu_seconds
                 pids = {name: int(ports_of["pid"]) for name, ports_of in serving.items()}
                 profiles = record(pids, settings.profile_s, run_dir / "profile") if settings.profile_s else {}
                 return _WarmUp(int(steps), cpu, profiles)
@@ -160,7 +165,7 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         policy_lag_mean=lag_sum / lag_count if lag_count else None,
         policy_lag_max_at_most=scrape.upper_bound(lag_buckets),
         learner_updates=int(summary["learner_updates"]),
-        cpu_seconds={name: cost.cpu_seconds for name, cost in costs.items()},
+        cpu_seconds={name: cost.cpu_seconds for name, cost in costs.items()} | _supervisor_cpu(summary),
         run_dir=str(run_dir),
         resident_bytes={name: cost.resident_bytes for name, cost in costs.items()},
         peak_resident_bytes={
@@ -169,6 +174,12 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         env_steps_total=int(summary["env_steps"]),
         updates=int(last[2] - first[2]),
     )
+
+
+def _supervisor_cpu(summary: dict[str, Any]) -> dict[str, float]:
+    """{SUPERVISOR: its CPU seconds} from a run's summary.json; empty where it was not measured."""
+    cpu_seconds = summary.get("supervisor", {}).get("cpu_seconds")
+    return {} if cpu_seconds is None else {SUPERVISOR: float(cpu_seconds)}
 
 
 def run_throughput_bench(settings: ThroughputBenchSettings) -> int:

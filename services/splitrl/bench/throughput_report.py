@@ -24,6 +24,8 @@ HOPS = (
     "inference-replay",
 )
 SERVICES = (*EDGE_SERVICES, "inference", "replay", "learner")  # the tables' order: edge first
+#: The process that runs the stack (and scrapes every service's /metrics), counted beside the services.
+SUPERVISOR = "splitrl up"
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class StackResult:
     policy_lag_mean: float | None
     policy_lag_max_at_most: float | None
     learner_updates: int
+    #: CPU seconds of each service's processes and threads, and of SUPERVISOR's, over the whole run.
     cpu_seconds: dict[str, float]
     run_dir: str
     #: Each service's resident memory (bytes) when the run ended, its worker processes included (as is
@@ -63,7 +66,7 @@ class StackResult:
     #: py-spy's samples of each service process, by name (--profile-s; empty without it).
     profiles: dict[str, ServiceProfile] = field(default_factory=dict)
     #: When the warm-up ended (the environment past the warm-up share of the run's env steps): its env steps,
-    #: and each service's CPU seconds then, its workers' included (empty: the run ended first).
+    #: and each service's CPU seconds then, its workers' included, and SUPERVISOR's (empty: the run ended first).
     warm_env_steps: int = 0
     warm_cpu_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -73,8 +76,8 @@ class StackResult:
 
     @property
     def cpu_ms_per_step(self) -> float | None:
-        """CPU milliseconds per agent step after the warm-up, every service's processes and threads together;
-        None without a warm-up reading of every service."""
+        """CPU milliseconds per agent step after the warm-up, every service's processes and threads and
+        SUPERVISOR together; None without a warm-up reading of every one of them."""
         steps = self.env_steps_total - self.warm_env_steps
         if steps <= 0 or not self.warm_cpu_seconds or set(self.warm_cpu_seconds) != set(self.cpu_seconds):
             return None
@@ -282,7 +285,7 @@ def _cpu_table(report: ThroughputReport) -> list[str]:
     lines = _per_mode_header(
         report, "Where time goes: CPU seconds per service / wall seconds of the run (1.00 = one core busy):", "service"
     )
-    for service in SERVICES:
+    for service in (*SERVICES, SUPERVISOR):
         cells = [
             _number(r.cpu_seconds[service] / r.wall_seconds, 2) if service in r.cpu_seconds else "-"
             for r in report.stacks

@@ -89,23 +89,22 @@ class Progress:
                         f"{sent['bytes'] / steps:.0f}",
                     )
         self.console.print(table)
-        self.console.print(_process_table(summary["processes"]))
+        self.console.print(_process_table(summary["processes"] | {"splitrl up": summary["supervisor"]}))
         self.console.print(f"summary written to {path}; plots in {path.with_name('learning.png')}")
 
 
 def _process_table(processes: dict[str, dict[str, Any]]) -> Table:
-    """Each service's CPU per env step and resident memory (at the end, and its peak): on the edge, what the
+    """Each process's CPU per env step and resident memory (at the end, and its peak): on the edge, what the
     device pays besides WAN bytes."""
     table = Table(title="processes")
-    table.add_column("service", no_wrap=True)
+    table.add_column("process", no_wrap=True)
     for column in ("CPU ms/env step", "MiB at end", "peak MiB"):
         table.add_column(column, justify="right", no_wrap=True)
     for name, cost in processes.items():
-        cpu_ms, peak = cost["cpu_ms_per_env_step"], cost["peak_resident_mib"]
+        cpu_ms = cost["cpu_ms_per_env_step"]
         table.add_row(
             name,
             "-" if cpu_ms is None else f"{cpu_ms:.2f}",
-            f"{cost['resident_mib']:.0f}",
-            "-" if peak is None else f"{peak:.0f}",
+            *("-" if cost[key] is None else f"{cost[key]:.0f}" for key in ("resident_mib", "peak_resident_mib")),
         )
     return table

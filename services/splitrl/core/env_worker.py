@@ -14,34 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import multiprocessing
-import os
 import signal
 from multiprocessing.connection import Connection
-from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import gymnasium as gym
 import numpy as np
 
 from splitrl.core.envs import make_vector_env, skip_unused_pygame_modules
-from splitrl.core.memory import peak_resident_bytes
+from splitrl.core.usage import NO_USAGE, ProcessUsage, process_usage
 
 #: (frames, rewards, terminated, truncated, info) of one vector step, as gymnasium returns it.
 Step = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]
-
-
-class ProcessUsage(NamedTuple):
-    """What a worker process used: CPU seconds (user + system), resident bytes now, and at its peak."""
-
-    cpu_seconds: float
-    resident_bytes: float
-    peak_resident_bytes: float
-
-
-#: A group stepped in the caller's own process uses nothing of its own.
-NO_USAGE = ProcessUsage(0.0, 0.0, 0.0)
 
 
 class GroupEnvs(Protocol):
@@ -150,7 +135,7 @@ class WorkerVectorEnv:
         process."""
         pid = self._process.pid
         if not self._closed and pid is not None:
-            self._last_usage = _proc_usage(pid) or self._last_usage
+            self._last_usage = process_usage(pid) or self._last_usage
         return self._last_usage
 
     def close(self) -> None:
@@ -181,24 +166,6 @@ class WorkerVectorEnv:
         if status == "error":
             raise RuntimeError(f"{self._process.name} failed: {value}")
         return value
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-def _proc_usage(pid: int) -> ProcessUsage | None:
-    """The usage of process `pid` (Linux /proc); None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        statm = Path(f"/proc/{pid}/statm").read_text()
-    except OSError:
-        return None
-    peak = peak_resident_bytes(pid)
-    if math.isnan(peak):  # it ended between the reads
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) ": field 3 of proc(5) is fields[0]
-    return ProcessUsage((int(fields[11]) + int(fields[12])) / _CLOCK_TICKS, int(statm.split()[1]) * _PAGE_BYTES, peak)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
 from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_UPDATES, VIDEO_SHADOW_BYTES
+from splitrl.core.usage import process_usage
 from splitrl.run import files
 from splitrl.run.launcher import Supervisor
 from splitrl.run.settings import RunSettings
@@ -76,22 +78,34 @@ def process_costs(
     each service's final /metrics; `retired`: the last /metrics of each earlier life of a service that was
     restarted, whose CPU counts too and whose peak may be the highest. None for what was not measured. The
     edge's real costs, beside the WAN bytes."""
-
-    def known(value: float, scale: float, digits: int) -> float | None:
-        return None if math.isnan(value) else round(value / scale, digits)
-
     costs: dict[str, dict[str, float | None]] = {}
     for name, text in texts_by_service.items():
         lives = [scrape.process_cost(earlier) for earlier in retired.get(name, [])] + [scrape.process_cost(text)]
-        cpu_seconds = sum(life.cpu_seconds for life in lives)
         peak = max((life.peak_resident_bytes for life in lives), key=lambda v: -math.inf if math.isnan(v) else v)
-        costs[name] = {
-            "cpu_seconds": known(cpu_seconds, 1, 3),
-            "cpu_ms_per_env_step": known(cpu_seconds, env_steps / 1000, 4) if env_steps else None,
-            "resident_mib": known(lives[-1].resident_bytes, 2**20, 1),
-            "peak_resident_mib": known(peak, 2**20, 1),
-        }
+        costs[name] = _cost(sum(life.cpu_seconds for life in lives), lives[-1].resident_bytes, peak, env_steps)
     return costs
+
+
+def supervisor_cost(env_steps: int) -> dict[str, float | None]:
+    """What this `splitrl up` process has used so far, as `process_costs` gives a service's: it scrapes every
+    service for progress, the curve and TensorBoard, and shares the machine with them. None for what was not
+    measured (no /proc)."""
+    usage = process_usage(os.getpid())
+    if usage is None:
+        return _cost(math.nan, math.nan, math.nan, env_steps)
+    return _cost(usage.cpu_seconds, usage.resident_bytes, usage.peak_resident_bytes, env_steps)
+
+
+def _cost(cpu_seconds: float, resident_bytes: float, peak_bytes: float, env_steps: int) -> dict[str, float | None]:
+    def known(value: float, scale: float, digits: int) -> float | None:
+        return None if math.isnan(value) else round(value / scale, digits)
+
+    return {
+        "cpu_seconds": known(cpu_seconds, 1, 3),
+        "cpu_ms_per_env_step": known(cpu_seconds, env_steps / 1000, 4) if env_steps else None,
+        "resident_mib": known(resident_bytes, 2**20, 1),
+        "peak_resident_mib": known(peak_bytes, 2**20, 1),
+    }
 
 
 def build_summary(
@@ -104,7 +118,7 @@ def build_summary(
     offset: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """The run summary: settings, env steps, bytes / messages / elements per link, phase and payload, and each
-    service's CPU and memory (`processes`).
+    service's CPU and memory (`processes`), and this process's own (`supervisor`).
 
     Counters are this segment's (services that died and were restarted included: `restarts` counts them);
     `resumed_at` is the curve point earlier segments of a resumed run ended at
@@ -138,6 +152,7 @@ def build_summary(
         "links": links,
         "cloud_h264_shadow": cloud_h264_shadow(texts, links, steps),
         "processes": process_costs(final_texts, {name: supervisor.retired_texts(name) for name in final_texts}, steps),
+        "supervisor": supervisor_cost(steps),
         "curve": curve,
     }
 
