@@ -44,7 +44,6 @@ from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import (
     HOPS,
     SERVICES,
-    SUPERVISOR,
     Hop,
     StackResult,
     ThroughputReport,
@@ -63,7 +62,7 @@ from splitrl.core.metrics import (
 from splitrl.core.usage import process_usage
 from splitrl.run.plan import port_files, shared_values
 from splitrl.run.settings import RunSettings
-from splitrl.run.summary import shutdown_texts_by_service
+from splitrl.run.summary import SUPERVISOR, shutdown_texts_by_service
 
 
 def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | None = None) -> RunSettings:

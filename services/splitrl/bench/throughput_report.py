@@ -12,6 +12,7 @@ from splitrl.bench.cpu_budget import cpu_budget_lines
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
 from splitrl.run.registry import EDGE_SERVICES
+from splitrl.run.summary import SUPERVISOR  # the process that runs the stack, counted beside the services
 
 #: Hops in the order a vector step meets them (splitrl_hop_latency_seconds labels).
 HOPS = (
@@ -24,8 +25,6 @@ HOPS = (
     "inference-replay",
 )
 SERVICES = (*EDGE_SERVICES, "inference", "replay", "learner")  # the tables' order: edge first
-#: The process that runs the stack (and scrapes every service's /metrics), counted beside the services.
-SUPERVISOR = "splitrl up"
 
 
 @dataclass(frozen=True)

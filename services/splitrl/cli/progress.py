@@ -11,7 +11,7 @@ from rich.table import Table
 
 from splitrl.core import scrape
 from splitrl.core.metrics import ENV_STEPS
-from splitrl.run.summary import human_bytes
+from splitrl.run.summary import SUPERVISOR, human_bytes
 
 
 def _restarts(restarts: dict[str, int] | None) -> str:
@@ -89,7 +89,7 @@ class Progress:
                         f"{sent['bytes'] / steps:.0f}",
                     )
         self.console.print(table)
-        self.console.print(_process_table(summary["processes"] | {"splitrl up": summary["supervisor"]}))
+        self.console.print(_process_table(summary["processes"] | {SUPERVISOR: summary["supervisor"]}))
         self.console.print(f"summary written to {path}; plots in {path.with_name('learning.png')}")
 
 

@@ -22,7 +22,7 @@ class ProcessUsage(NamedTuple):
     peak_resident_bytes: float
 
 
-#: What a process that is not there to read (or not a process of its own) counts as.
+#: What envs stepped in the caller's own process use of their own: nothing.
 NO_USAGE = ProcessUsage(0.0, 0.0, 0.0)
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -21,6 +21,8 @@ from splitrl.run.launcher import Supervisor
 from splitrl.run.settings import RunSettings
 
 MAX_EPISODES_PER_BIN = 20
+#: The name the run's own process (its `supervisor` entry) goes by in tables beside the services.
+SUPERVISOR = "splitrl up"
 
 
 def human_bytes(n: float) -> str:
