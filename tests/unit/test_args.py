@@ -167,6 +167,28 @@ def test_bool_flag_help_shows_both_forms():
     assert "[env SPLITRL_VERBOSE; default: False]" in text
 
 
+class Percent(Settings):
+    share: float = Field(0.5, description="Share of the steps, e.g. 50% (argparse %-formats help).")
+    label: str = Field("100%", description="A default with a % in it.")
+
+
+def test_a_percent_sign_in_a_description_or_default_shows_as_it_is():
+    parser = argparse.ArgumentParser()
+    add_settings_arguments(parser, Percent)
+    text = " ".join(parser.format_help().split())
+    assert "e.g. 50% (argparse %-formats help)." in text and "default: '100%'" in text
+
+
+def test_every_commands_help_renders(parser):
+    """Every command's --help, each service's included (a stray % in any description fails it)."""
+    subcommands = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+    for command in subcommands[0].choices.values():
+        command.format_help()
+        for nested in [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]:
+            for inner in nested.choices.values():
+                inner.format_help()
+
+
 def test_to_argv_round_trips_booleans_as_flag_and_no_flag():
     from splitrl.core.args import to_argv
     from splitrl.edge_encoder.settings import EdgeEncoderSettings

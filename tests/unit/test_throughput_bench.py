@@ -88,12 +88,13 @@ def test_every_run_the_bench_times_is_described_by_its_flags() -> None:
     bench = ThroughputBenchSettings(
         env="splitrl/Catch-v0", action_repeat=3, chunks_per_update=5, unroll_length=7, epochs=2, learning_rate=1e-3,
         num_envs=5, seed=4, codec="frame+zstd", activation_codec="int8", steps=999, torch_threads=2,
+        learner_nice=7,
     )  # fmt: skip
     run = run_settings(bench, "split")
     assert (run.env, run.action_repeat, run.chunks_per_update, run.unroll_length) == ("splitrl/Catch-v0", 3, 5, 7)
     assert (run.epochs, run.learning_rate, run.num_envs, run.seed, run.steps) == (2, 1e-3, 5, 4, 999)
     assert (run.mode, run.codec, run.activation_codec, run.gradient_codec) == ("split", "frame+zstd", "int8", "int8")
-    assert run.torch_threads == 2 and not run.train_every_step
+    assert run.torch_threads == 2 and run.learner_nice == 7 and not run.train_every_step
     assert run_settings(bench.model_copy(update={"train_every_step": True}), "cloud").train_every_step
 
 

@@ -113,6 +113,9 @@ class ThroughputBenchSettings(
     torch_threads: int = Field(
         1, ge=1, description="torch threads in each stack service and in the act-only baseline the overhead is against."
     )
+    learner_nice: int = Field(
+        0, ge=0, le=19, description="Stack: the learner's CPU niceness (splitrl up --learner-nice)."
+    )
     reference_torch_threads: int | None = Field(
         None,
         ge=1,

@@ -77,6 +77,7 @@ def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | 
         steps=settings.steps,
         train_every_step=settings.train_every_step,
         torch_threads=settings.torch_threads,
+        learner_nice=settings.learner_nice,
         progress_interval_s=0.5,
         run_dir=run_dir,
     )

@@ -54,7 +54,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
     """Add one flag per field of `model`, with its description, default and environment variable in --help."""
     for name, field in model.model_fields.items():
         default = field.get_default(call_default_factory=True, validated_data={})
-        help_text = f"{field.description or ''} [env {env_name(name)}; default: {default!r}]"
+        # argparse %-formats help (for %(default)s and the like): a literal % in a description is doubled
+        help_text = f"{field.description or ''} [env {env_name(name)}; default: {default!r}]".replace("%", "%%")
         if _is_bool(field.annotation):
             parser.add_argument(
                 flag_name(name),

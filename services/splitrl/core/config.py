@@ -177,6 +177,14 @@ class ServerSettings(TransportSettings):
         description="torch intra-op threads per torch op in this process (a split edge-encoder runs its acting and "
         "its training ops at once, each with this many).",
     )
+    nice: int = Field(
+        0,
+        ge=0,
+        le=19,
+        description="CPU niceness this process runs at, 0-19: above 0 it gives way to the others on a machine it "
+        "shares (splitrl up sets the learner's, --learner-nice). Only ever raised; a process started niced more "
+        "keeps its own.",
+    )
     shutdown_grace_s: float = Field(5.0, gt=0, description="Seconds in-flight calls get to finish on SIGTERM.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     final_metrics_file: Path | None = Field(

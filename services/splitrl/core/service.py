@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import grpc
@@ -213,11 +214,12 @@ class ShutdownDeadline:
 
 
 def configure_process(settings: ServerSettings) -> None:
-    """Process-wide set-up every service entry point does first: logging and torch threads.
+    """Process-wide set-up every service entry point does first: logging, CPU niceness and torch threads.
 
     torch is set up only where it is loaded: a service's module imports it before this runs, and the
     environment service, which never runs a network, does not load it at all (a small edge)."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    lower_priority(settings.nice)  # before any thread starts: each inherits its creator's niceness
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -262,3 +264,39 @@ async def serve_until_signalled(
         ShutdownDeadline(settings.shutdown_grace_s + SHUTDOWN_MARGIN_S, lambda: host.stage).arm()
     await host.stop()
     return 0 if service.failure() is None else 1
+
+
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def lower_priority(nice: int, autogroup: Path = AUTOGROUP) -> None:
+    """Run this process at CPU niceness `nice` (0-19) or above; 0 leaves it as it is. Linux keeps a niceness
+    per thread: every thread running now is set (imports start some), and threads started later inherit it.
+
+    With Linux's autogroup a niceness counts only against the processes of its own session, and `splitrl up`
+    starts each service as a session of its own: a service that leads its session also sets that session's
+    niceness (`autogroup`), which is what weighs it against the other services. A service that does not lead
+    its session (started from a shell) leaves the shell's session as it is. Raising niceness needs no privilege.
+    """
+    if nice <= 0:
+        return
+    for thread_id in _thread_ids():
+        with contextlib.suppress(ProcessLookupError):  # a thread that has ended meanwhile
+            if nice > os.getpriority(os.PRIO_PROCESS, thread_id):
+                os.setpriority(os.PRIO_PROCESS, thread_id, nice)
+    if os.getsid(0) != os.getpid():
+        return
+    try:  # "/autogroup-N nice K"; absent on kernels without autogroup
+        current = int(autogroup.read_text().split()[-1])
+        if nice > current:
+            autogroup.write_text(f"{nice}\n")
+    except (OSError, ValueError, IndexError) as error:
+        log.debug("session niceness left as it is (%s): %s", autogroup, error)
+
+
+def _thread_ids() -> list[int]:
+    """This process's threads (Linux's /proc/self/task), or 0 (the calling thread) where there is no /proc."""
+    try:
+        return [int(name) for name in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]

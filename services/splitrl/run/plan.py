@@ -93,6 +93,8 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
         values["observation_store_size"] = observation_store_size_for(
             replay_chunks, run.unroll_length, run.chunks_per_update, run.num_envs
         )
+    if name == "learner":
+        values["nice"] = run.learner_nice
     if name == "environment":
         values["seed"] = run.seed + done_steps  # a resumed run plays tracks it has not played yet
         values["max_steps"] = run.steps - done_steps
@@ -128,6 +130,7 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
         {"train_every_step", "chunks_per_update", "replay_shards", "replay_max_size"}
     ),
     ("inference", "max_pending_inserts"): frozenset({"train_every_step", "num_envs"}),
+    ("learner", "nice"): frozenset({"learner_nice"}),
 }
 
 
