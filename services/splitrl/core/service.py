@@ -219,7 +219,7 @@ def configure_process(settings: ServerSettings) -> None:
     torch is set up only where it is loaded: a service's module imports it before this runs, and the
     environment service, which never runs a network, does not load it at all (a small edge)."""
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    lower_priority(settings.nice)  # before any thread starts: each inherits its creator's niceness
+    lower_priority(settings.nice)  # early: threads started later inherit their creator's niceness
     torch = sys.modules.get("torch")
     if torch is None:
         return
@@ -269,13 +269,13 @@ async def serve_until_signalled(
 AUTOGROUP = Path("/proc/self/autogroup")
 
 
-def lower_priority(nice: int, autogroup: Path = AUTOGROUP) -> None:
+def lower_priority(nice: int) -> None:
     """Run this process at CPU niceness `nice` (0-19) or above; 0 leaves it as it is. Linux keeps a niceness
     per thread: every thread running now is set (imports start some), and threads started later inherit it.
 
     With Linux's autogroup a niceness counts only against the processes of its own session, and `splitrl up`
     starts each service as a session of its own: a service that leads its session also sets that session's
-    niceness (`autogroup`), which is what weighs it against the other services. A service that does not lead
+    niceness (AUTOGROUP), which is what weighs it against the other services. A service that does not lead
     its session (started from a shell) leaves the shell's session as it is. Raising niceness needs no privilege.
     """
     if nice <= 0:
@@ -287,11 +287,11 @@ def lower_priority(nice: int, autogroup: Path = AUTOGROUP) -> None:
     if os.getsid(0) != os.getpid():
         return
     try:  # "/autogroup-N nice K"; absent on kernels without autogroup
-        current = int(autogroup.read_text().split()[-1])
+        current = int(AUTOGROUP.read_text().split()[-1])
         if nice > current:
-            autogroup.write_text(f"{nice}\n")
+            AUTOGROUP.write_text(f"{nice}\n")
     except (OSError, ValueError, IndexError) as error:
-        log.debug("session niceness left as it is (%s): %s", autogroup, error)
+        log.debug("session niceness left as it is (%s): %s", AUTOGROUP, error)
 
 
 def _thread_ids() -> list[int]:
