@@ -16,12 +16,14 @@ from splitrl.core.config import (
     ObservationCodec,
     SeedSettings,
     Settings,
+    field_of,
 )
 from splitrl.core.spec import Bottleneck
 from splitrl.edge_encoder.settings import EncoderTrainingSettings
 from splitrl.environment.settings import VecEnvSettings
 from splitrl.inference.settings import ChunkSettings
 from splitrl.learner.settings import PPOSettings
+from splitrl.run.settings import RunSettings
 
 #: Default share of |`cloud frame`'s return| a cloud row may end below it and still count as at matched return.
 RETURN_TOLERANCE = 0.1
@@ -113,9 +115,7 @@ class ThroughputBenchSettings(
     torch_threads: int = Field(
         1, ge=1, description="torch threads in each stack service and in the act-only baseline the overhead is against."
     )
-    learner_nice: int = Field(
-        0, ge=0, le=19, description="Stack: the learner's CPU niceness (splitrl up --learner-nice)."
-    )
+    learner_nice: int = field_of(RunSettings, "learner_nice")
     reference_torch_threads: int | None = Field(
         None,
         ge=1,
