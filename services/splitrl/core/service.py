@@ -286,12 +286,32 @@ def lower_priority(nice: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, thread_id, nice)
     if os.getsid(0) != os.getpid():
         return
-    try:  # "/autogroup-N nice K"; absent on kernels without autogroup
-        current = int(AUTOGROUP.read_text().split()[-1])
-        if nice > current:
-            AUTOGROUP.write_text(f"{nice}\n")
-    except (OSError, ValueError, IndexError) as error:
-        log.debug("session niceness left as it is (%s): %s", AUTOGROUP, error)
+    current = session_niceness()
+    if current is None or nice <= current:
+        return
+    try:
+        AUTOGROUP.write_text(f"{nice}\n")
+    except OSError as error:
+        log.debug("session niceness left at %d (%s): %s", current, AUTOGROUP, error)
+
+
+def session_niceness() -> int | None:
+    """The niceness of this process's autogroup (its session's CPU group), or None where none applies.
+
+    AUTOGROUP reads "/autogroup-N nice K". It is absent on kernels without autogroup, and empty for a
+    process that its launcher put in a cgroup of its own (a CI runner, a container): the kernel then
+    weighs that cgroup, not the session, and there is no session niceness to read or set.
+    """
+    try:
+        fields = AUTOGROUP.read_text().split()
+    except OSError:
+        return None
+    if len(fields) != 3 or fields[1] != "nice":
+        return None
+    try:
+        return int(fields[2])
+    except ValueError:
+        return None
 
 
 def _thread_ids() -> list[int]:
