@@ -15,6 +15,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     command += ["--modes", "split-accumulate", "--link-sizes", "512,8192", "--link-seconds", "0.3", "--out", str(out)]
     command += ["--unroll-length", "16", "--chunks-per-update", "8", "--sb3-reference", "--profile-s", "1"]
     command += ["--reference-torch-threads", "1"]  # sync-ppo's phases are one core's work: the cores' bound
+    command += ["--rounds", "2"]  # round 2 runs the stack first, then the references
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -65,6 +66,20 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert all(reference["cpu_seconds"] > 0 for reference in figures["trained"].values())
     assert figures["cores"] >= 1 and "CPU per agent step after the warm-up" in table
     assert f"agent steps/s on these {figures['cores']} cores" in table and "1.5x sb3-ppo (" in table
+    # --rounds 2: every training run twice, round 2 in its own run directory and in the other order; the
+    # detailed tables are round 1's, and each round's ratios are shown with their median and range.
+    assert [(one["number"], one["stacks_first"]) for one in figures["rounds"]] == [(1, False), (2, True)]
+    assert figures["rounds"][0]["stacks"]["split-accumulate"]["steps"] == stack["steps"]
+    for one in figures["rounds"]:
+        assert set(one["references"]) == {"sync-ppo", "sb3-ppo"} and set(one["stacks"]) == {"split-accumulate"}
+        assert all(rate["steps"] > 0 and rate["seconds"] > 0 for rate in one["references"].values())
+        assert one["stacks"]["split-accumulate"]["updates"] >= 1
+    assert (out / "runs" / "round-2" / "split-accumulate" / "summary.json").is_file()
+    printed = result.stdout
+    assert printed.index("round 1: sb3-ppo") < printed.index("round 1: stack") < printed.index("round 2: stack")
+    assert printed.index("round 2: stack") < printed.index("round 2: sync-ppo")
+    assert "| round | ran first | sync-ppo frames/s | sb3-ppo frames/s |" in table
+    assert "| 2 | stacks |" in table and "| median | |" in table and "| range | |" in table
 
 
 def test_bench_throughput_refuses_bad_settings(tmp_path: Path) -> None:

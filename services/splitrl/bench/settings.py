@@ -126,6 +126,15 @@ class ThroughputBenchSettings(
     warmup_fraction: float = Field(
         0.15, ge=0, lt=1, description="Share of each measurement's env steps left out of its rate (start-up)."
     )
+    rounds: int = Field(
+        1,
+        ge=1,
+        le=20,
+        description="Times the training comparison runs (every reference that trains and every stack mode once "
+        "a round; even rounds run the stacks first): above 1, a table of each round's stack-to-reference ratios "
+        "with their median and range, since on a shared machine one run's rate can swing 20-30%. The other "
+        "tables show the first round.",
+    )
     sync_ppo: bool = Field(
         True, description="Also train the same PPO in one process, rollout then update (--no-sync-ppo: skip it)."
     )

@@ -40,6 +40,7 @@ from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, s
 from splitrl.bench.cpu_budget import usable_cores
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
+from splitrl.bench.rounds import TrainingRound, stacks_run_first
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import (
     HOPS,
@@ -227,23 +228,9 @@ def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: Th
 
     # One process each, so they may use every core: SB3 on torch's default threads is how its users train.
     references_run = run.model_copy(update={"torch_threads": settings.reference_torch_threads})
-
-    def trained(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
-        result = measure(references_run, settings.warmup_fraction)
-        report.trained[name] = result
-        print(f"{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
-
     baseline("before")
-    if settings.sync_ppo:
-        trained("sync-ppo", run_sync_ppo)
-    if settings.sb3_reference:
-        from splitrl.bench.sb3_reference import measure_sb3
-
-        trained("sb3-ppo", measure_sb3)
-    for mode in settings.modes:
-        stack = run_stack(settings, mode, settings.out / "runs" / mode)
-        report.stacks.append(stack)
-        print(f"stack {mode}: {stack.steps_per_s:,.1f} env steps/s")
+    for number in range(1, settings.rounds + 1):
+        _training_round(settings, references_run, number, report)
     baseline("after")
     if not settings.skip_link:
         for size in settings.link_sizes:
@@ -251,3 +238,39 @@ def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: Th
                 link = measure(transport, size, settings.link_seconds)
                 report.links.append(link)
                 print(f"link {transport} {size:,} B: {link.messages_per_s:,.0f} msg/s")
+
+
+def _training_round(
+    settings: ThroughputBenchSettings, references_run: RunSettings, number: int, report: ThroughputReport
+) -> None:
+    """Round `number` of the training comparison (rounds.py): every reference that trains, in `references_run`,
+    and every stack mode, once, in the round's order. Round 1's results fill the report's detailed tables; each
+    round's rates go to its round-by-round table. Later rounds' stacks run in OUT/runs/round-N/."""
+    label = f"round {number}: " if settings.rounds > 1 else ""
+    references: dict[str, BaselineResult] = {}
+    stacks: dict[str, StackResult] = {}
+
+    def train(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
+        references[name] = result = measure(references_run, settings.warmup_fraction)
+        print(f"{label}{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
+
+    def run_references() -> None:
+        if settings.sync_ppo:
+            train("sync-ppo", run_sync_ppo)
+        if settings.sb3_reference:
+            from splitrl.bench.sb3_reference import measure_sb3
+
+            train("sb3-ppo", measure_sb3)
+
+    def run_stacks() -> None:
+        runs = settings.out / "runs" / ("" if number == 1 else f"round-{number}")
+        for mode in settings.modes:
+            stacks[mode] = stack = run_stack(settings, mode, runs / mode)
+            print(f"{label}stack {mode}: {stack.steps_per_s:,.1f} env steps/s")
+
+    stacks_first = stacks_run_first(number)
+    for part in (run_stacks, run_references) if stacks_first else (run_references, run_stacks):
+        part()
+    if number == 1:
+        report.trained, report.stacks = references, list(stacks.values())
+    report.rounds.append(TrainingRound.of(number, stacks_first, references, stacks))

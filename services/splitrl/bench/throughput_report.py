@@ -11,6 +11,7 @@ from splitrl.bench.baseline import BaselineResult
 from splitrl.bench.cpu_budget import cpu_budget_lines
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
+from splitrl.bench.rounds import TrainingRound, round_lines
 from splitrl.run.registry import EDGE_SERVICES
 from splitrl.run.summary import SUPERVISOR  # the process that runs the stack, counted beside the services
 
@@ -94,6 +95,8 @@ class ThroughputReport:
     trained: dict[str, BaselineResult] = field(default_factory=dict)
     #: CPU cores the bench's processes could run on (0: not recorded).
     cores: int = 0
+    #: Every round of the training comparison's rates (--rounds), the first being `trained` and `stacks`'.
+    rounds: list[TrainingRound] = field(default_factory=list)
 
     @property
     def baseline_steps_per_s(self) -> float:
@@ -113,6 +116,7 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
         "links": [link.as_dict() for link in report.links],
         "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
         "cores": report.cores,
+        "rounds": [asdict(one) for one in report.rounds],
     }
 
 
@@ -149,6 +153,7 @@ def render_markdown(report: ThroughputReport) -> str:
         )
     lines += (
         _training_table(report)
+        + round_lines(report.rounds, s.get("action_repeat", 1))
         + cpu_budget_lines(report)
         + _baseline_profile(report)
         + _hop_table(report)

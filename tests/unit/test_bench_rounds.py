@@ -1,0 +1,114 @@
+"""`splitrl bench throughput --rounds N`: the rounds' order, the ratios taken within each round, the table."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from splitrl.bench import rounds, sb3_reference, throughput
+from splitrl.bench.baseline import BaselineResult
+from splitrl.bench.rounds import RunRate, TrainingRound, ratio, round_lines, stacks_run_first
+from splitrl.bench.settings import ThroughputBenchSettings
+from splitrl.bench.throughput_report import StackResult, ThroughputReport, as_json, render_markdown
+
+
+def test_round_one_keeps_the_benchs_order_and_the_rounds_alternate() -> None:
+    assert [stacks_run_first(number) for number in range(1, 6)] == [False, True, False, True, False]
+    with pytest.raises(ValueError, match="numbered from 1, got 0"):
+        stacks_run_first(0)
+
+
+def test_a_ratio_is_of_frames_and_of_updates_per_second() -> None:
+    stack, reference = RunRate(steps=3000, seconds=10.0, updates=6), RunRate(steps=2000, seconds=10.0, updates=3)
+    assert ratio(stack, reference) == pytest.approx((1.5, 2.0))
+    frames, updates = ratio(stack, RunRate(steps=2000, seconds=10.0, updates=0))
+    assert frames == pytest.approx(1.5) and updates != updates  # no update in the reference's window: NaN
+
+
+def _round(number: int, sb3_steps: int, cloud_steps: int) -> TrainingRound:
+    """sb3-ppo and a cloud stack over 10 s each, one update per 500 agent steps in both."""
+    sb3 = BaselineResult(sb3_steps, 10.0, None, None, None, updates=sb3_steps // 500)
+    cloud = StackResult("cloud", cloud_steps, 10.0, 12.0, {}, 4.0, 1.0, 1.0, 0, {}, "r", updates=cloud_steps // 500)
+    return TrainingRound.of(number, stacks_run_first(number), {"sb3-ppo": sb3}, {"cloud": cloud})
+
+
+def test_the_table_shows_each_rounds_ratios_then_their_median_and_range() -> None:
+    # Round 2 ran on a slower stretch for both: its ratio stays what it is, taken within the round.
+    table = round_lines([_round(1, 2000, 3000), _round(2, 1000, 1500), _round(3, 2000, 2500)], action_repeat=4)
+    text = "\n".join(table)
+    assert "Round by round (3 rounds; even rounds ran the stacks first" in text
+    assert "| round | ran first | sb3-ppo frames/s | cloud x sb3-ppo |" in text
+    assert "| 1 | references | 800.0 | 1.50 / 1.50 |" in text  # 2,000 agent steps in 10 s x action repeat 4
+    assert "| 2 | stacks | 400.0 | 1.50 / 1.50 |" in text
+    assert "| 3 | references | 800.0 | 1.25 / 1.25 |" in text
+    assert "| median | | 800.0 | 1.50 / 1.50 |" in text
+    assert "| range | | 400.0-800.0 | 1.25-1.50 / 1.25-1.50 |" in text
+
+
+def test_no_table_for_one_round_or_without_a_reference_or_a_stack() -> None:
+    assert round_lines([_round(1, 2000, 3000)], action_repeat=1) == []
+    alone = TrainingRound(1, False, {}, {"cloud": RunRate(1000, 1.0, 2)})
+    assert round_lines([alone, alone], action_repeat=1) == []
+
+
+def test_the_report_carries_every_round_in_its_json_and_its_markdown() -> None:
+    report = ThroughputReport(
+        settings={"env": "E", "num_envs": 8, "steps": 4096, "torch_threads": 1, "action_repeat": 1,
+                  "unroll_length": 32, "chunks_per_update": 16, "epochs": 4, "minibatches": 4},
+    )  # fmt: skip
+    report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
+    report.rounds = [_round(1, 2000, 3000), _round(2, 1000, 1500)]
+    report.trained = {"sb3-ppo": BaselineResult(2000, 10.0, None, None, None, updates=4)}
+    report.stacks = [StackResult("cloud", 3000, 10.0, 12.0, {}, 4.0, 1.0, 1.0, 0, {}, "r", updates=6)]
+    assert "| median | | 150.0 | 1.50 / 1.50 |" in render_markdown(report)  # 200 and 100 frames/s
+    figures = json.loads(json.dumps(as_json(report)))
+    assert [one["stacks_first"] for one in figures["rounds"]] == [False, True]
+    assert figures["rounds"][1]["stacks"]["cloud"] == {"steps": 1500, "seconds": 10.0, "updates": 3}
+
+
+def test_the_bench_runs_each_round_in_its_order_and_keeps_round_ones_details(monkeypatch, tmp_path) -> None:
+    ran: list[str] = []
+
+    def reference(name: str):
+        def measure(run, warmup_fraction: float) -> BaselineResult:
+            ran.append(name)
+            return BaselineResult(1000 + len(ran), 1.0, 1.0, 1.0, 1.0, updates=2, wall_seconds=1.0, total_steps=1000)
+
+        return measure
+
+    def stack(settings, mode, run_dir) -> StackResult:
+        ran.append(f"{mode} in {run_dir.relative_to(tmp_path)}")
+        return StackResult(mode, 1500 + len(ran), 1.0, 1.0, {}, 1.0, 0.0, 0.0, 0, {}, str(run_dir), updates=3)
+
+    monkeypatch.setattr(throughput, "run_baseline", reference("act-only"))
+    monkeypatch.setattr(throughput, "run_sync_ppo", reference("sync-ppo"))
+    monkeypatch.setattr(sb3_reference, "measure_sb3", reference("sb3-ppo"))
+    monkeypatch.setattr(throughput, "run_stack", stack)
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", modes=["cloud", "split"], sb3_reference=True, skip_link=True, rounds=3,
+        reference_torch_threads=1, out=tmp_path,
+    )  # fmt: skip
+    report = ThroughputReport(settings=json.loads(bench.model_dump_json()))
+    throughput._measure_all(bench, throughput.run_settings(bench, "cloud"), report)
+    assert ran == [
+        "act-only",
+        *("sync-ppo", "sb3-ppo", "cloud in runs/cloud", "split in runs/split"),
+        *("cloud in runs/round-2/cloud", "split in runs/round-2/split", "sync-ppo", "sb3-ppo"),
+        *("sync-ppo", "sb3-ppo", "cloud in runs/round-3/cloud", "split in runs/round-3/split"),
+        "act-only",
+    ]
+    assert [one.number for one in report.rounds] == [1, 2, 3]
+    assert [one.stacks_first for one in report.rounds] == [False, True, False]
+    # The detailed tables show round 1, whose rates are its rounds' first.
+    assert list(report.trained) == ["sync-ppo", "sb3-ppo"] and report.trained["sync-ppo"].steps == 1002
+    assert [r.mode for r in report.stacks] == ["cloud", "split"] and report.stacks[0].steps == 1504
+    assert report.rounds[0].stacks["cloud"] == rounds.RunRate.of(report.stacks[0])
+    assert report.rounds[1].references["sb3-ppo"].steps == 1009
+
+
+@pytest.mark.parametrize("bad", [0, 21])
+def test_rounds_outside_1_to_20_are_refused_quoting_the_value(bad: int) -> None:
+    with pytest.raises(ValueError, match="rounds") as refused:
+        ThroughputBenchSettings(rounds=bad)
+    assert f"input_value={bad}" in str(refused.value)
