@@ -7,7 +7,7 @@ import json
 import pytest
 
 from splitrl.bench import rounds, sb3_reference, throughput
-from splitrl.bench.baseline import BaselineResult
+from splitrl.bench.baseline import BaselineResult, steady_span, update_pace
 from splitrl.bench.rounds import RunRate, TrainingRound, ratio, round_lines, stacks_run_first
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import StackResult, ThroughputReport, as_json, render_markdown
@@ -24,6 +24,27 @@ def test_a_ratio_is_of_frames_and_of_updates_per_second() -> None:
     assert ratio(stack, reference) == pytest.approx((1.5, 2.0))
     frames, updates = ratio(stack, RunRate(steps=2000, seconds=10.0, updates=0))
     assert frames == pytest.approx(1.5) and updates != updates  # no update in the reference's window: NaN
+
+
+def test_the_learners_pace_runs_from_the_first_to_the_last_update_completed_in_the_window() -> None:
+    # (steps, seconds, updates): an update every 2 s from 3 s on, the envs 100 steps/s ahead of it all along.
+    points = [(100 * t, float(t), max(0, (t - 1) // 2)) for t in range(0, 21)]
+    first, last = steady_span(points, warmup_fraction=0.2)  # from 4 s (400 steps) to 20 s
+    assert (first[1], last[1]) == (4.0, 20.0) and last[2] - first[2] == 8  # 8 updates counted in 16 s: 0.5/s
+    assert update_pace(points, first, last) == (7, 14.0)  # seen at 5 s (update 2) and 19 s (update 9): 0.5/s
+    # A learner that falls behind the envs at the end of the window: counting updates against the window's
+    # steps says 7 in 16 s (0.44/s), its own pace stays 0.5/s (6 updates from 5 s to 17 s).
+    behind = [(s, t, min(u, 8)) for s, t, u in points]
+    assert last[2] - first[2] - 1 == behind[-1][2] - first[2]
+    assert update_pace(behind, first, last) == (6, 12.0)
+    assert update_pace(points[:6], first, points[5]) == (0, 0.0)  # one update completed in the window: no pace
+
+
+def test_a_rate_uses_the_learners_pace_where_it_was_measured() -> None:
+    assert RunRate(steps=1000, seconds=10.0, updates=3).updates_per_s == pytest.approx(0.3)
+    assert RunRate(1000, 10.0, 3, paced_updates=2, paced_seconds=8.0).updates_per_s == pytest.approx(0.25)
+    paced = BaselineResult(1000, 10.0, None, None, None, updates=3, paced_updates=2, paced_seconds=8.0)
+    assert RunRate.of(paced) == RunRate(1000, 10.0, 3, 2, 8.0)
 
 
 def _round(number: int, sb3_steps: int, cloud_steps: int) -> TrainingRound:
@@ -64,7 +85,9 @@ def test_the_report_carries_every_round_in_its_json_and_its_markdown() -> None:
     assert "| median | | 150.0 | 1.50 / 1.50 |" in render_markdown(report)  # 200 and 100 frames/s
     figures = json.loads(json.dumps(as_json(report)))
     assert [one["stacks_first"] for one in figures["rounds"]] == [False, True]
-    assert figures["rounds"][1]["stacks"]["cloud"] == {"steps": 1500, "seconds": 10.0, "updates": 3}
+    assert figures["rounds"][1]["stacks"]["cloud"] == {
+        "steps": 1500, "seconds": 10.0, "updates": 3, "paced_updates": 0, "paced_seconds": 0.0
+    }  # fmt: skip
 
 
 def test_the_bench_runs_each_round_in_its_order_and_keeps_round_ones_details(monkeypatch, tmp_path) -> None:

@@ -24,20 +24,28 @@ class _Timed(Protocol):
     def seconds(self) -> float: ...
     @property
     def updates(self) -> int: ...
+    @property
+    def paced_updates(self) -> int: ...
+    @property
+    def paced_seconds(self) -> float: ...
 
 
 @dataclass(frozen=True)
 class RunRate:
     """One training run's rate window: `steps` agent steps and `updates` PPO updates in `seconds` (after the
-    warm-up). Agent steps/s is env frames/s over the action repeat, the same in every run of a bench."""
+    warm-up), and the learner's pace inside it (baseline.update_pace): `paced_updates` from the first to the
+    last update completed in the window, in `paced_seconds` (0: fewer than 2 completed). Agent steps/s is env
+    frames/s over the action repeat, the same in every run of a bench."""
 
     steps: int
     seconds: float
     updates: int
+    paced_updates: int = 0
+    paced_seconds: float = 0.0
 
     @classmethod
     def of(cls, run: _Timed) -> RunRate:
-        return cls(run.steps, run.seconds, run.updates)
+        return cls(run.steps, run.seconds, run.updates, run.paced_updates, run.paced_seconds)
 
     @property
     def steps_per_s(self) -> float:
@@ -45,6 +53,9 @@ class RunRate:
 
     @property
     def updates_per_s(self) -> float:
+        """Update to update where two or more completed in the window; else the updates counted in it."""
+        if self.paced_seconds > 0:
+            return self.paced_updates / self.paced_seconds
         return self.updates / self.seconds
 
 
@@ -79,8 +90,9 @@ def stacks_run_first(number: int) -> bool:
 
 
 def ratio(stack: RunRate, reference: RunRate) -> tuple[float, float]:
-    """(env frames/s, updates/s) of `stack` as multiples of `reference`'s."""
-    updates = stack.updates_per_s / reference.updates_per_s if reference.updates else float("nan")
+    """(env frames/s, updates/s) of `stack` as multiples of `reference`'s (updates/s: NaN if the reference
+    made no update in its window)."""
+    updates = stack.updates_per_s / reference.updates_per_s if reference.updates_per_s else float("nan")
     return stack.steps_per_s / reference.steps_per_s, updates
 
 
@@ -96,7 +108,7 @@ def round_lines(rounds: list[TrainingRound], action_repeat: int) -> list[str]:
         "",
         f"Round by round ({len(rounds)} rounds; even rounds ran the stacks first, so a machine that drifts over "
         "the bench weighs on both sides of a ratio alike): each reference's env frames/s, and each stack's env "
-        "frames/s / updates/s as multiples of the reference's in the same round.",
+        "frames/s / updates/s (update to update) as multiples of the reference's in the same round.",
         "",
         "| round | ran first | "
         + " | ".join(f"{name} frames/s" for name in references)

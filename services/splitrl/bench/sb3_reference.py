@@ -31,7 +31,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from splitrl.bench.baseline import BaselineResult, steady_span
+from splitrl.bench.baseline import BaselineResult, steady_span, update_pace
 from splitrl.bench.segments import Budget, run_segments
 from splitrl.core.envs import make_env
 from splitrl.core.spec import ActionSpec
@@ -298,8 +298,10 @@ def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
         model.learn(run.steps, callback=_callbacks(run, curve_logger))
     finally:
         venv.close()
-    points = [(p["env_steps"], p["seconds"], p["updates"], p["cpu_seconds"]) for p in curve_logger.points]
-    first, last = steady_span([(0.0, 0.0, 0.0, 0.0), *points], warmup_fraction)
+    points = [(0.0, 0.0, 0.0, 0.0)]
+    points += [(p["env_steps"], p["seconds"], p["updates"], p["cpu_seconds"]) for p in curve_logger.points]
+    first, last = steady_span(points, warmup_fraction)
+    paced_updates, paced_seconds = update_pace(points, first, last)
     return BaselineResult(
         steps=int(last[0] - first[0]),
         seconds=last[1] - first[1],
@@ -310,4 +312,6 @@ def measure_sb3(run: RunSettings, warmup_fraction: float) -> BaselineResult:
         wall_seconds=time.perf_counter() - started,
         total_steps=int(last[0]),
         cpu_seconds=None if run.env_workers else last[3] - first[3],
+        paced_updates=paced_updates,
+        paced_seconds=paced_seconds,
     )

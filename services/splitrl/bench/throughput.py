@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span
+from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span, update_pace
 from splitrl.bench.cpu_budget import usable_cores
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
@@ -146,6 +146,7 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         first, last = steady_span(live, warmup_fraction)
     except ValueError as error:  # the curve takes a point every progress_interval_s: a shorter run has no rate
         raise RuntimeError(f"stack {mode} ran too briefly to time ({error}): raise --steps") from error
+    paced_updates, paced_seconds = update_pace(live, first, last)
     texts = shutdown_texts_by_service(run_dir)
     costs = {name: scrape.process_cost(text) for name, text in texts.items()}
     every = list(texts.values())
@@ -174,6 +175,8 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         },
         env_steps_total=int(summary["env_steps"]),
         updates=int(last[2] - first[2]),
+        paced_updates=paced_updates,
+        paced_seconds=paced_seconds,
     )
 
 

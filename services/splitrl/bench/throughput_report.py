@@ -11,7 +11,7 @@ from splitrl.bench.baseline import BaselineResult
 from splitrl.bench.cpu_budget import cpu_budget_lines
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
-from splitrl.bench.rounds import TrainingRound, round_lines
+from splitrl.bench.rounds import RunRate, TrainingRound, round_lines
 from splitrl.run.registry import EDGE_SERVICES
 from splitrl.run.summary import SUPERVISOR  # the process that runs the stack, counted beside the services
 
@@ -63,6 +63,10 @@ class StackResult:
     peak_resident_bytes: dict[str, float] = field(default_factory=dict)
     #: Learner updates inside the rate's window.
     updates: int = 0
+    #: The learner's own pace (baseline.update_pace): updates from the first to the last completed in the window,
+    #: and the seconds between those two (0: fewer than 2 completed).
+    paced_updates: int = 0
+    paced_seconds: float = 0.0
     #: py-spy's samples of each service process, by name (--profile-s; empty without it).
     profiles: dict[str, ServiceProfile] = field(default_factory=dict)
     #: When the warm-up ended (the environment past the warm-up share of the run's env steps): its env steps,
@@ -178,10 +182,9 @@ def _training_table(report: ThroughputReport) -> list[str]:
     if not report.trained:
         return []
     repeat = s.get("action_repeat", 1)
-    #: (label, agent steps, seconds, updates in the window, wall seconds of the whole run, its agent steps)
-    rows = [(name, r.steps, r.seconds, r.updates, r.wall_seconds, r.total_steps) for name, r in report.trained.items()]
-    rows += [(f"stack {r.mode}", r.steps, r.seconds, r.updates, r.wall_seconds, r.env_steps_total)
-             for r in report.stacks]  # fmt: skip
+    #: (label, its rate window, wall seconds of the whole run, its agent steps)
+    rows = [(name, RunRate.of(r), r.wall_seconds, r.total_steps) for name, r in report.trained.items()]
+    rows += [(f"stack {r.mode}", RunRate.of(r), r.wall_seconds, r.env_steps_total) for r in report.stacks]
     references = list(report.trained)
     where_envs_step = (
         "in worker processes in the stack (--env-workers) and in SB3 (SubprocVecEnv); act-only and sync-ppo step "
@@ -194,7 +197,9 @@ def _training_table(report: ThroughputReport) -> list[str]:
         f"Training end to end: env frames/s while training (frames = agent steps x action repeat {repeat}), "
         f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
         f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
-        f"{s['minibatches']} minibatches. Envs step {where_envs_step}."
+        f"{s['minibatches']} minibatches. Envs step {where_envs_step}. Updates/s runs from the first to the "
+        "last update completed after the warm-up (the learner's own pace); agent steps per update counts the "
+        "updates against the window's steps."
         + (" The stack trains every step once (--train-every-step)." if s.get("train_every_step") else "")
         + (
             " The learner (the stack's and sync-ppo's) trains in bfloat16 (--train-precision); SB3 in float32."
@@ -207,14 +212,13 @@ def _training_table(report: ThroughputReport) -> list[str]:
         + " | updates/s | agent steps per update | wall s, set-up included |",
         "|---|---:|" + "---:|" * len(references) + "---:|---:|---:|",
     ]
-    for label, steps, seconds, updates, wall, total in rows:
-        rate = steps / seconds
-        ratios = [f"{rate / report.trained[name].steps_per_s:.2f}" for name in references]
-        per_update = _number(steps / updates, 0) if updates else "-"
+    for label, rate, wall, total in rows:
+        ratios = [f"{rate.steps_per_s / report.trained[name].steps_per_s:.2f}" for name in references]
+        per_update = _number(rate.steps / rate.updates, 0) if rate.updates else "-"
         lines.append(
-            f"| {label} | {rate * repeat:,.1f} | "
+            f"| {label} | {rate.steps_per_s * repeat:,.1f} | "
             + " | ".join(ratios)
-            + f" | {updates / seconds:.3f} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
+            + f" | {rate.updates_per_s:.3f} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
         )
     sync = report.trained.get("sync-ppo")
     if sync is not None and sync.update_us_per_step is not None:
