@@ -106,6 +106,7 @@ def test_a_session_leader_without_an_autogroup_still_sets_its_threads(tmp_path):
         f"from splitrl.core import service; service.AUTOGROUP = service.Path({str(empty)!r})\n"
         "from splitrl.core.service import configure_process, session_niceness",
     )
+    assert probe_in != PROBE  # the probe really reads the empty file
     result = subprocess.run(
         [sys.executable, "-c", probe_in, "6"],
         capture_output=True,

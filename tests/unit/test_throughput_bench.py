@@ -160,19 +160,24 @@ def test_the_training_table_compares_every_trainer_with_each_reference() -> None
                   "unroll_length": 32, "chunks_per_update": 16, "epochs": 4, "minibatches": 4},
     )  # fmt: skip
     report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
+    paced = {"paced_updates": 1, "paced_seconds": 5.0}  # updates/s: the learner's pace, 1 update in 5 s
     report.trained = {
-        "sync-ppo": BaselineResult(1000, 10.0, 50.0, 20.0, 30.0, updates=2, wall_seconds=12.0, total_steps=1024),
-        "sb3-ppo": BaselineResult(1000, 20.0, None, None, None, updates=2, wall_seconds=25.0, total_steps=1024),
-    }
+        "sync-ppo": BaselineResult(1000, 10.0, 50.0, 20.0, 30.0, 2, wall_seconds=12.0, total_steps=1024, **paced),
+        "sb3-ppo": BaselineResult(1000, 20.0, None, None, None, 2, wall_seconds=25.0, total_steps=1024,
+                                  paced_updates=1, paced_seconds=10.0),
+    }  # fmt: skip
     report.stacks = [
-        StackResult("cloud", 2000, 10.0, 15.0, {}, 8.0, 1.0, 2.0, 5, {}, "r", env_steps_total=2048, updates=4)
-    ]
+        StackResult("cloud", 2000, 10.0, 15.0, {}, 8.0, 1.0, 2.0, 5, {}, "r", env_steps_total=2048, updates=4,
+                    paced_updates=2, paced_seconds=5.0)
+    ]  # fmt: skip
     text = render_markdown(report)
     assert "one PPO update per 512 agent steps (16 chunks of 32), 4 epochs of 4 minibatches" in text
     assert "| sync-ppo | 400.0 | 1.00 | 2.00 | 0.200 | 500 | 12.0 to 4,096 frames |" in text
     assert "| sb3-ppo | 200.0 | 0.50 | 1.00 | 0.100 | 500 | 25.0 to 4,096 frames |" in text
     assert "| stack cloud | 800.0 | 2.00 | 4.00 | 0.400 | 500 | 15.0 to 8,192 frames |" in text
     assert "sync-ppo time per agent step: env 50 us, act 20 us, update 30 us." in text
+    report.stacks[0] = replace(report.stacks[0], paced_updates=0, paced_seconds=0.0)  # fewer than 2 updates seen
+    assert "| stack cloud | 800.0 | 2.00 | 4.00 | - | 500 | 15.0 to 8,192 frames |" in render_markdown(report)
     assert "float32" not in text
     report.settings["train_precision"] = "bfloat16"
     assert "trains in bfloat16 (--train-precision); SB3 in float32." in render_markdown(report)

@@ -2,13 +2,16 @@
 
 On a shared 2-core machine one run's rate swings 20-30% between runs half an hour apart (docs/throughput),
 so one round's stack-to-SB3 ratio can land either side of a target. Each round trains every reference and
-every stack mode once; even rounds run the stacks first and odd rounds the references first, so a machine
-that slows (or speeds up) over the bench weighs on both sides of the ratios alike. A ratio is taken within
-its round only: the median and range over rounds are the verdict, not a ratio of medians.
+every stack mode once. Odd rounds run them in the bench's order (references, then stacks); even rounds in
+exactly the reverse order (`round_order`), so over each pair of rounds every run holds the same mean place,
+and a machine that slows (or speeds up) steadily over the bench weighs on both sides of every ratio alike;
+an odd number of rounds leaves its last round unpaired. A ratio is taken within its round only: the median
+and range over rounds are the verdict, not a ratio of medians.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -52,11 +55,10 @@ class RunRate:
         return self.steps / self.seconds
 
     @property
-    def updates_per_s(self) -> float:
-        """Update to update where two or more completed in the window; else the updates counted in it."""
-        if self.paced_seconds > 0:
-            return self.paced_updates / self.paced_seconds
-        return self.updates / self.seconds
+    def updates_per_s(self) -> float | None:
+        """The learner's pace, update to update; None where fewer than 2 updates completed in the window (a
+        count of updates against the window's steps is no measure of it, baseline.update_pace)."""
+        return self.paced_updates / self.paced_seconds if self.paced_seconds > 0 else None
 
 
 @dataclass(frozen=True)
@@ -82,17 +84,25 @@ class TrainingRound:
 
 
 def stacks_run_first(number: int) -> bool:
-    """Whether round `number` (from 1) runs the stacks before the references: even rounds do, so round 1 keeps
-    the bench's order (references first) and the rounds alternate."""
+    """Whether round `number` (from 1) runs the stacks before the references: even rounds do, in the reverse
+    of the bench's order (round_order)."""
     if number < 1:
         raise ValueError(f"rounds are numbered from 1, got {number}")
     return number % 2 == 0
 
 
+def round_order(number: int, references: list[str], modes: list[str]) -> list[tuple[str, str]]:
+    """The runs of round `number` in the order they run, as ("reference", name) and ("stack", mode): odd rounds
+    the references, then the stacks, each in the order given; even rounds exactly the reverse."""
+    order = [("reference", name) for name in references] + [("stack", mode) for mode in modes]
+    return order[::-1] if stacks_run_first(number) else order
+
+
 def ratio(stack: RunRate, reference: RunRate) -> tuple[float, float]:
-    """(env frames/s, updates/s) of `stack` as multiples of `reference`'s (updates/s: NaN if the reference
-    made no update in its window)."""
-    updates = stack.updates_per_s / reference.updates_per_s if reference.updates_per_s else float("nan")
+    """(env frames/s, updates/s) of `stack` as multiples of `reference`'s; the updates/s ratio is NaN where
+    either pace is unknown (fewer than 2 updates completed in its window)."""
+    stack_updates, reference_updates = stack.updates_per_s, reference.updates_per_s
+    updates = stack_updates / reference_updates if stack_updates and reference_updates else math.nan
     return stack.steps_per_s / reference.steps_per_s, updates
 
 
@@ -106,9 +116,10 @@ def round_lines(rounds: list[TrainingRound], action_repeat: int) -> list[str]:
     pairs = [(mode, name) for mode in modes for name in references]
     lines = [
         "",
-        f"Round by round ({len(rounds)} rounds; even rounds ran the stacks first, so a machine that drifts over "
-        "the bench weighs on both sides of a ratio alike): each reference's env frames/s, and each stack's env "
-        "frames/s / updates/s (update to update) as multiples of the reference's in the same round.",
+        f"Round by round ({len(rounds)} rounds; even rounds ran in the reverse order, stacks first, so that over "
+        "each pair of rounds a steady drift of the machine weighs on both sides of a ratio alike): each "
+        "reference's env frames/s, and each stack's env frames/s / updates/s (update to update; - where fewer "
+        "than 2 updates completed) as multiples of the reference's in the same round.",
         "",
         "| round | ran first | "
         + " | ".join(f"{name} frames/s" for name in references)
@@ -124,14 +135,14 @@ def round_lines(rounds: list[TrainingRound], action_repeat: int) -> list[str]:
         cells += [_pair(*ratios[pair][index]) for pair in pairs]
         lines.append(f"| {one.number} | {'stacks' if one.stacks_first else 'references'} | " + " | ".join(cells) + " |")
     medians = [f"{statistics.median(frames[name]):,.1f}" for name in references]
-    medians += [_pair(*(statistics.median(side) for side in zip(*ratios[pair], strict=True))) for pair in pairs]
     ranges = [f"{min(frames[name]):,.1f}-{max(frames[name]):,.1f}" for name in references]
-    ranges += [
-        " / ".join(f"{min(side):.2f}-{max(side):.2f}" for side in zip(*ratios[pair], strict=True)) for pair in pairs
-    ]
+    for pair in pairs:
+        sides = [[value for value in side if not math.isnan(value)] for side in zip(*ratios[pair], strict=True)]
+        medians.append(" / ".join(f"{statistics.median(side):.2f}" if side else "-" for side in sides))
+        ranges.append(" / ".join(f"{min(side):.2f}-{max(side):.2f}" if side else "-" for side in sides))
     lines += [f"| median | | {' | '.join(medians)} |", f"| range | | {' | '.join(ranges)} |"]
     return lines
 
 
 def _pair(frames: float, updates: float) -> str:
-    return f"{frames:.2f} / {updates:.2f}"
+    return f"{frames:.2f} / " + ("-" if math.isnan(updates) else f"{updates:.2f}")

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -40,7 +40,7 @@ from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, s
 from splitrl.bench.cpu_budget import usable_cores
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
-from splitrl.bench.rounds import TrainingRound, stacks_run_first
+from splitrl.bench.rounds import TrainingRound, round_order, stacks_run_first
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import (
     HOPS,
@@ -246,34 +246,29 @@ def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: Th
 def _training_round(
     settings: ThroughputBenchSettings, references_run: RunSettings, number: int, report: ThroughputReport
 ) -> None:
-    """Round `number` of the training comparison (rounds.py): every reference that trains, in `references_run`,
-    and every stack mode, once, in the round's order. Round 1's results fill the report's detailed tables; each
-    round's rates go to its round-by-round table. Later rounds' stacks run in OUT/runs/round-N/."""
+    """Round `number` of the training comparison: every reference that trains, in `references_run`, and every
+    stack mode, once, in the round's order (rounds.round_order). Round 1's results fill the report's detailed
+    tables, and only its stacks are profiled (--profile-s: py-spy slows what it samples); each round's rates go
+    to the round-by-round table. Later rounds' stacks run in OUT/runs/round-N/."""
     label = f"round {number}: " if settings.rounds > 1 else ""
+    measures: dict[str, Callable[[RunSettings, float], BaselineResult]] = {}
+    if settings.sync_ppo:
+        measures["sync-ppo"] = run_sync_ppo
+    if settings.sb3_reference:
+        from splitrl.bench.sb3_reference import measure_sb3
+
+        measures["sb3-ppo"] = measure_sb3
+    stack_settings = settings if number == 1 else settings.model_copy(update={"profile_s": 0.0})
+    runs = settings.out / "runs" / ("" if number == 1 else f"round-{number}")
     references: dict[str, BaselineResult] = {}
     stacks: dict[str, StackResult] = {}
-
-    def train(name: str, measure: Callable[[RunSettings, float], BaselineResult]) -> None:
-        references[name] = result = measure(references_run, settings.warmup_fraction)
-        print(f"{label}{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
-
-    def run_references() -> None:
-        if settings.sync_ppo:
-            train("sync-ppo", run_sync_ppo)
-        if settings.sb3_reference:
-            from splitrl.bench.sb3_reference import measure_sb3
-
-            train("sb3-ppo", measure_sb3)
-
-    def run_stacks() -> None:
-        runs = settings.out / "runs" / ("" if number == 1 else f"round-{number}")
-        for mode in settings.modes:
-            stacks[mode] = stack = run_stack(settings, mode, runs / mode)
-            print(f"{label}stack {mode}: {stack.steps_per_s:,.1f} env steps/s")
-
-    stacks_first = stacks_run_first(number)
-    for part in (run_stacks, run_references) if stacks_first else (run_references, run_stacks):
-        part()
+    for kind, name in round_order(number, list(measures), list(settings.modes)):
+        if kind == "reference":
+            references[name] = result = measures[name](references_run, settings.warmup_fraction)
+            print(f"{label}{name}: {result.steps_per_s:,.1f} env steps/s, {result.updates} updates")
+        else:
+            stacks[name] = stack = run_stack(stack_settings, cast(Mode, name), runs / name)
+            print(f"{label}stack {name}: {stack.steps_per_s:,.1f} env steps/s")
     if number == 1:
         report.trained, report.stacks = references, list(stacks.values())
-    report.rounds.append(TrainingRound.of(number, stacks_first, references, stacks))
+    report.rounds.append(TrainingRound.of(number, stacks_run_first(number), references, stacks))

@@ -11,7 +11,7 @@ from splitrl.bench.baseline import BaselineResult
 from splitrl.bench.cpu_budget import cpu_budget_lines
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
-from splitrl.bench.rounds import RunRate, TrainingRound, round_lines
+from splitrl.bench.rounds import RunRate, TrainingRound, ratio, round_lines
 from splitrl.run.registry import EDGE_SERVICES
 from splitrl.run.summary import SUPERVISOR  # the process that runs the stack, counted beside the services
 
@@ -120,8 +120,17 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
         "links": [link.as_dict() for link in report.links],
         "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
         "cores": report.cores,
-        "rounds": [asdict(one) for one in report.rounds],
+        "rounds": [_round_json(one) for one in report.rounds],
     }
+
+
+def _round_json(one: TrainingRound) -> dict[str, Any]:
+    """A round's rates as measured, each with its agent steps/s and updates/s (None: no pace) beside them."""
+    figures = asdict(one)
+    for side in ("references", "stacks"):
+        for name, rate in getattr(one, side).items():
+            figures[side][name] |= {"steps_per_s": rate.steps_per_s, "updates_per_s": rate.updates_per_s}
+    return figures
 
 
 def _ms(seconds: float | None) -> str:
@@ -198,8 +207,8 @@ def _training_table(report: ThroughputReport) -> list[str]:
         f"one PPO update per {s['unroll_length'] * s['chunks_per_update']:,} agent steps "
         f"({s['chunks_per_update']} chunks of {s['unroll_length']}), {s['epochs']} epochs of "
         f"{s['minibatches']} minibatches. Envs step {where_envs_step}. Updates/s runs from the first to the "
-        "last update completed after the warm-up (the learner's own pace); agent steps per update counts the "
-        "updates against the window's steps."
+        "last update completed after the warm-up (the learner's own pace; - where fewer than 2 completed); agent "
+        "steps per update counts the updates against the window's steps."
         + (" The stack trains every step once (--train-every-step)." if s.get("train_every_step") else "")
         + (
             " The learner (the stack's and sync-ppo's) trains in bfloat16 (--train-precision); SB3 in float32."
@@ -213,12 +222,12 @@ def _training_table(report: ThroughputReport) -> list[str]:
         "|---|---:|" + "---:|" * len(references) + "---:|---:|---:|",
     ]
     for label, rate, wall, total in rows:
-        ratios = [f"{rate.steps_per_s / report.trained[name].steps_per_s:.2f}" for name in references]
+        ratios = [f"{ratio(rate, RunRate.of(report.trained[name]))[0]:.2f}" for name in references]
         per_update = _number(rate.steps / rate.updates, 0) if rate.updates else "-"
         lines.append(
             f"| {label} | {rate.steps_per_s * repeat:,.1f} | "
             + " | ".join(ratios)
-            + f" | {rate.updates_per_s:.3f} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
+            + f" | {_number(rate.updates_per_s, 3)} | {per_update} | {wall:,.1f} to {total * repeat:,} frames |"
         )
     sync = report.trained.get("sync-ppo")
     if sync is not None and sync.update_us_per_step is not None:
