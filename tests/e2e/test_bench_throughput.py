@@ -77,6 +77,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
         assert all(rate["paced_updates"] >= 8 and rate["paced_seconds"] > 0 for rate in one["references"].values())
         assert one["stacks"]["split-accumulate"]["updates"] >= 1
     assert (out / "runs" / "round-2" / "split-accumulate" / "summary.json").is_file()
+    assert not (out / "runs" / "round-2" / "split-accumulate" / "profile").exists()  # py-spy in round 1 only
     printed = result.stdout
     assert printed.index("round 1: sb3-ppo") < printed.index("round 1: stack") < printed.index("round 2: stack")
     assert printed.index("round 2: stack") < printed.index("round 2: sync-ppo")

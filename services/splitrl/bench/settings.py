@@ -130,10 +130,11 @@ class ThroughputBenchSettings(
         1,
         ge=1,
         le=20,
-        description="Times the training comparison runs (every reference that trains and every stack mode once "
-        "a round; even rounds run the stacks first): above 1, a table of each round's stack-to-reference ratios "
-        "with their median and range, since on a shared machine one run's rate can swing 20-30%. The other "
-        "tables show the first round.",
+        description="Times the training comparison runs: every reference that trains and every stack mode once "
+        "a round, even rounds in exactly the reverse order (stacks first), so an even number pairs every round "
+        "against a steady drift of the machine. Above 1: a table of each round's stack-to-reference ratios with "
+        "their median and range, since on a shared machine one run's rate can swing 20-30%. The other tables "
+        "show round 1, the only one --profile-s samples.",
     )
     sync_ppo: bool = Field(
         True, description="Also train the same PPO in one process, rollout then update (--no-sync-ppo: skip it)."
