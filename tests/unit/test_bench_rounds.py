@@ -12,6 +12,7 @@ from splitrl.bench.baseline import BaselineResult, steady_span, update_pace
 from splitrl.bench.rounds import RunRate, TrainingRound, ratio, round_lines, round_order, stacks_run_first
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput_report import StackResult, ThroughputReport, as_json, render_markdown
+from tests.bench_reports import empty_report
 
 
 def test_round_one_keeps_the_benchs_order_and_the_rounds_alternate() -> None:
@@ -118,10 +119,7 @@ def test_no_table_for_one_round_or_without_a_reference_or_a_stack() -> None:
 
 
 def test_the_report_carries_every_round_in_its_json_and_its_markdown() -> None:
-    report = ThroughputReport(
-        settings={"env": "E", "num_envs": 8, "steps": 4096, "torch_threads": 1, "action_repeat": 1,
-                  "unroll_length": 32, "chunks_per_update": 16, "epochs": 4, "minibatches": 4},
-    )  # fmt: skip
+    report = empty_report()
     report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
     report.rounds = [_round(1, 2000, 3000), _round(2, 1000, 1500)]
     report.trained = {"sb3-ppo": BaselineResult(2000, 10.0, None, None, None, updates=4)}

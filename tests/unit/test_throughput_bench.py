@@ -19,6 +19,7 @@ from splitrl.bench.throughput import read_stack, run_settings
 from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
 from splitrl.core import scrape, wire
 from splitrl.learner.network import to_training_layout
+from tests.bench_reports import empty_report
 
 
 def _exposition(values: list[float], buckets: tuple[float, ...], **labels: str) -> str:
@@ -155,10 +156,7 @@ def test_the_single_process_references_train_on_their_own_threads(monkeypatch, t
 
 
 def test_the_training_table_compares_every_trainer_with_each_reference() -> None:
-    report = ThroughputReport(
-        settings={"env": "E", "num_envs": 8, "steps": 4096, "torch_threads": 1, "action_repeat": 4,
-                  "unroll_length": 32, "chunks_per_update": 16, "epochs": 4, "minibatches": 4},
-    )  # fmt: skip
+    report = empty_report(action_repeat=4)
     report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
     paced = {"paced_updates": 1, "paced_seconds": 5.0}  # updates/s: the learner's pace, 1 update in 5 s
     report.trained = {
@@ -318,9 +316,7 @@ def _budget_report(**settings: object) -> ThroughputReport:
     """2 cores; sync-ppo at 4 CPU ms per agent step (env 2 ms), SB3 at 250 agent steps/s, and a cloud stack at
     300 agent steps/s spending 6 CPU ms per agent step after the warm-up (its CPU read when 1,000 of its 4,000
     env steps were taken)."""
-    shape = {"env": "E", "num_envs": 8, "steps": 4000, "torch_threads": 1, "action_repeat": 1, "unroll_length": 32,
-             "chunks_per_update": 16, "epochs": 4, "minibatches": 4}  # fmt: skip
-    report = ThroughputReport(settings=shape | settings)
+    report = empty_report(**({"steps": 4000} | settings))
     report.cores = 2
     report.baselines = [BaselineResult(1000, 1.0, 700.0, 300.0)]
     report.trained = {
