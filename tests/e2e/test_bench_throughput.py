@@ -69,6 +69,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     # --rounds 2: every training run twice, round 2 in its own run directory and in the other order; the
     # detailed tables are round 1's, and each round's ratios are shown with their median and range.
     assert [(one["number"], one["stacks_first"]) for one in figures["rounds"]] == [(1, False), (2, True)]
+    assert figures["stopped"] is None and "Stopped early" not in table
     assert figures["rounds"][0]["stacks"]["split-accumulate"]["steps"] == stack["steps"]
     for one in figures["rounds"]:
         assert set(one["references"]) == {"sync-ppo", "sb3-ppo"} and set(one["stacks"]) == {"split-accumulate"}

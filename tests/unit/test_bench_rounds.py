@@ -177,3 +177,45 @@ def test_rounds_outside_1_to_20_are_refused_quoting_the_value(bad: int) -> None:
     with pytest.raises(ValueError, match="rounds") as refused:
         ThroughputBenchSettings(rounds=bad)
     assert f"input_value={bad}" in str(refused.value)
+
+
+def test_a_bench_that_fails_in_a_later_round_writes_the_rounds_it_completed(monkeypatch, tmp_path, capsys) -> None:
+    stacks_run = 0
+
+    def reference(run, warmup_fraction: float) -> BaselineResult:
+        return BaselineResult(1000, 1.0, 1.0, 1.0, 1.0, updates=2, paced_updates=1, paced_seconds=0.5)
+
+    def stack(settings, mode, run_dir) -> StackResult:
+        nonlocal stacks_run
+        stacks_run += 1
+        if stacks_run == 3:
+            raise RuntimeError("splitrl up --mode cloud failed (exit 1)")
+        return StackResult(mode, 1500, 1.0, 1.0, {}, 1.0, 0.0, 0.0, 0, {}, str(run_dir), updates=3)
+
+    monkeypatch.setattr(throughput, "run_baseline", reference)
+    monkeypatch.setattr(throughput, "run_sync_ppo", reference)
+    monkeypatch.setattr(throughput, "run_stack", stack)
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", modes=["cloud"], skip_link=True, rounds=4, reference_torch_threads=1, out=tmp_path
+    )
+    assert throughput.run_throughput_bench(bench) == 1
+    assert "splitrl bench throughput: splitrl up --mode cloud failed (exit 1)" in capsys.readouterr().err
+    figures = json.loads((tmp_path / "throughput.json").read_text())
+    assert [one["number"] for one in figures["rounds"]] == [1, 2]
+    assert figures["stopped"] == "round 3: splitrl up --mode cloud failed (exit 1)"
+    table = (tmp_path / "throughput.md").read_text()
+    assert "**Stopped early, in round 3: splitrl up --mode cloud failed (exit 1)**" in table
+    assert "| median | |" in table  # the two rounds' ratios
+
+
+def test_a_bench_that_fails_in_its_first_round_writes_nothing(monkeypatch, tmp_path) -> None:
+    def failing(settings, mode, run_dir) -> StackResult:
+        raise RuntimeError("splitrl up --mode cloud failed (exit 1)")
+
+    monkeypatch.setattr(throughput, "run_baseline", lambda run, warmup: BaselineResult(1000, 1.0, 1.0, 1.0))
+    monkeypatch.setattr(throughput, "run_stack", failing)
+    bench = ThroughputBenchSettings(
+        env="splitrl/Catch-v0", modes=["cloud"], skip_link=True, sync_ppo=False, rounds=2, out=tmp_path
+    )
+    assert throughput.run_throughput_bench(bench) == 1
+    assert not (tmp_path / "throughput.json").exists()

@@ -207,18 +207,24 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
     try:
         _measure_all(settings, run, report)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
-    except RuntimeError as error:
-        print(f"splitrl bench throughput: {error}", file=sys.stderr)
-        return 1
-    markdown = render_markdown(report)
-    (settings.out / "throughput.md").write_text(markdown)
-    (settings.out / "throughput.json").write_text(json.dumps(as_json(report), indent=2))
-    print(markdown)
-    print(f"wrote {settings.out / 'throughput.md'} and {settings.out / 'throughput.json'}")
+    except (KeyboardInterrupt, RuntimeError) as error:
+        interrupted = isinstance(error, KeyboardInterrupt)
+        print("\ninterrupted" if interrupted else f"splitrl bench throughput: {error}", file=sys.stderr)
+        if report.rounds:  # a whole round or more is in: a long --rounds bench keeps what it measured
+            report.stopped = f"round {len(report.rounds) + 1}: " + ("interrupted" if interrupted else str(error))
+            _write(settings.out, report)
+        return 130 if interrupted else 1
+    _write(settings.out, report)
     return 0
+
+
+def _write(out: Path, report: ThroughputReport) -> None:
+    """Print the report's tables and write them to OUT/throughput.md, its figures to OUT/throughput.json."""
+    markdown = render_markdown(report)
+    (out / "throughput.md").write_text(markdown)
+    (out / "throughput.json").write_text(json.dumps(as_json(report), indent=2))
+    print(markdown)
+    print(f"wrote {out / 'throughput.md'} and {out / 'throughput.json'}")
 
 
 def _measure_all(settings: ThroughputBenchSettings, run: RunSettings, report: ThroughputReport) -> None:

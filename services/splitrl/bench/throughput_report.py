@@ -101,6 +101,9 @@ class ThroughputReport:
     cores: int = 0
     #: Every round of the training comparison's rates (--rounds), the first being `trained` and `stacks`'.
     rounds: list[TrainingRound] = field(default_factory=list)
+    #: Where and why a bench stopped before its end (None: it ran every measurement); its report holds the rounds
+    #: completed before.
+    stopped: str | None = None
 
     @property
     def baseline_steps_per_s(self) -> float:
@@ -121,6 +124,7 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
         "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
         "cores": report.cores,
         "rounds": [_round_json(one) for one in report.rounds],
+        "stopped": report.stopped,
     }
 
 
@@ -164,6 +168,8 @@ def render_markdown(report: ThroughputReport) -> str:
             f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
             f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
         )
+    if report.stopped is not None:
+        lines[1:1] = ["", f"**Stopped early, in {report.stopped}**: the tables hold the rounds completed before it."]
     lines += (
         _training_table(report)
         + round_lines(report.rounds, s.get("action_repeat", 1))
