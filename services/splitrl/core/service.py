@@ -303,14 +303,9 @@ def session_niceness() -> int | None:
     weighs that cgroup, not the session, and there is no session niceness to read or set.
     """
     try:
-        fields = AUTOGROUP.read_text().split()
-    except OSError:
-        return None
-    if len(fields) != 3 or fields[1] != "nice":
-        return None
-    try:
-        return int(fields[2])
-    except ValueError:
+        _, word, value = AUTOGROUP.read_text().split()  # ValueError: not three fields (empty, say)
+        return int(value) if word == "nice" else None
+    except (OSError, ValueError):
         return None
 
 
