@@ -338,6 +338,7 @@ def _dump_stacks_on_sigusr1() -> None:
 
 def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> int:
     from splitrl.core import security
+    from splitrl.core.ports import PortUnavailable
     from splitrl.core.service import run_service
 
     def recipe_share(path: Path, _: Any) -> dict[str, Any]:
@@ -351,7 +352,10 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
     except ValueError as error:
         parser.exit(2, f"splitrl serve {name}: {error}\n")
     service_cls = load(SERVICES[name].service)
-    return run_service(lambda metrics: service_cls(settings, metrics), settings)
+    try:
+        return run_service(lambda metrics: service_cls(settings, metrics), settings)
+    except PortUnavailable as error:  # a port taken is the user's to fix: what and how, not a traceback
+        parser.exit(1, f"splitrl serve {name}: {error}\n")
 
 
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

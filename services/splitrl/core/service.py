@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Protocol
 
 import grpc
-from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, generate_latest
 
-from splitrl.core import rpc, security
+from splitrl.core import ports, rpc, security
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
 
@@ -146,12 +146,13 @@ class ServiceHost:
             metrics, service.service_names, transport.token, wan=service.serves_wan
         )
         service.register(server)
-        credentials, bind = transport.server_credentials(), f"{settings.host}:{settings.port}"
-        grpc_port = server.add_insecure_port(bind) if credentials is None else server.add_secure_port(bind, credentials)
-        if grpc_port == 0:
-            raise OSError(f"could not bind gRPC to {settings.host}:{settings.port}")
+        grpc_port = ports.bind_grpc(server, settings.host, settings.port, transport.server_credentials())
         await server.start()
-        http, _thread = start_http_server(settings.metrics_port, addr=settings.host, registry=metrics.registry)
+        try:
+            http = ports.serve_metrics(settings.host, settings.metrics_port, metrics.registry)
+        except ports.PortUnavailable:
+            await server.stop(None)
+            raise
         metrics_port = http.server_port
         await service.start()
         await rpc.set_serving(health_servicer, service.service_names, serving=True)
