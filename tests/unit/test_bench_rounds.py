@@ -46,6 +46,22 @@ def test_the_learners_pace_runs_from_the_first_to_the_last_update_completed_in_t
         update_pace(points, (400, 4.0, 1), last)  # equal to the window's first point, but not one of `points`
 
 
+def test_the_learners_own_completion_times_time_its_pace_exactly() -> None:
+    # A point every 2 s (a stack's curve), an update completing every 1.5 s from 0.7 s on, and each point
+    # carrying, fourth, when the latest update shown completed (last_update_at: the learner's clock).
+    def completed(t: float) -> int:
+        return 0 if t < 0.7 else int((t - 0.7) // 1.5) + 1
+
+    points = [(100 * t, float(t), completed(t), 0.7 + 1.5 * (completed(t) - 1)) for t in range(0, 21, 2)]
+    first, last = steady_span(points, warmup_fraction=0.2)  # from 4 s to 20 s
+    updates, seconds = update_pace(points, first, last)
+    assert updates / seconds == pytest.approx(1 / 1.5)  # exact: updates 4 (at 5.2 s) to 13 (at 18.7 s)
+    assert (updates, seconds) == (9, pytest.approx(13.5))
+    # Timed by when points showed them instead (6 s and 20 s), the same updates come out 4% slow.
+    plain = [point[:3] for point in points]
+    assert update_pace(plain, *steady_span(plain, warmup_fraction=0.2)) == (9, 14.0)
+
+
 def test_a_rate_uses_the_learners_pace_and_has_none_without_it() -> None:
     assert RunRate(steps=1000, seconds=10.0, updates=3).updates_per_s is None  # not the 3 counted in the window
     assert RunRate(1000, 10.0, 3, paced_updates=2, paced_seconds=8.0).updates_per_s == pytest.approx(0.25)

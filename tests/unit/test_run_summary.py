@@ -1,8 +1,14 @@
-"""splitrl.run.summary.process_costs: each service's CPU and memory in a run's summary.json."""
+"""splitrl.run.summary: each service's CPU and memory in a run's summary.json (process_costs), and the curve's
+points (curve_point)."""
 
 from __future__ import annotations
 
-from splitrl.run.summary import process_costs
+import time
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from splitrl.core.metrics import Metrics
+from splitrl.run.summary import curve_point, process_costs
 
 
 def exposition(cpu_s: float, resident: float, peak: float | None, *, workers: tuple[float, float, float] = (0, 0, 0)):
@@ -43,3 +49,15 @@ def test_what_was_not_measured_is_none_not_zero():
     costs = process_costs(texts, {}, env_steps=0)
     assert costs["replay"] == cost(0.5, None, 50.0, None)
     assert costs["inference"] == dict.fromkeys(KEYS)
+
+
+def test_a_curve_point_says_when_the_learner_completed_its_last_update_by_the_learners_clock():
+    learner, inference = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    texts = [generate_latest(metrics.registry).decode() for metrics in (learner, inference)]
+    assert curve_point(texts)["last_update_at"] == 0.0  # before the first update: every service exports 0
+    before = time.time()
+    learner.learner_last_update.set_to_current_time()
+    learner.learner_updates.inc()
+    texts = [generate_latest(metrics.registry).decode() for metrics in (inference, learner)]
+    point = curve_point(texts)
+    assert point["updates"] == 1 and before <= point["last_update_at"] <= time.time()

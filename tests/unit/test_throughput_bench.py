@@ -306,7 +306,8 @@ def test_sb3_reference_takes_the_recipes_ppo_settings():
 
 def test_a_stack_run_too_brief_to_time_says_to_raise_steps(tmp_path):
     """800 Catch steps end before the curve's second point: one live point, no rate, a message, not a trace."""
-    curve = [{"env_steps": 800, "seconds": 0.9, "updates": 1}, {"env_steps": 800, "updates": 1}]  # the last: final
+    live = {"env_steps": 800, "seconds": 0.9, "updates": 1, "last_update_at": 1.7e9}
+    curve = [live, {"env_steps": 800, "updates": 1}]  # the last: the final point
     (tmp_path / "summary.json").write_text(json.dumps({"curve": curve}))
     with pytest.raises(RuntimeError, match=r"stack cloud ran too briefly to time .*raise --steps"):
         read_stack("cloud", tmp_path, warmup_fraction=0.15)

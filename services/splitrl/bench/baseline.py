@@ -93,11 +93,12 @@ def update_pace(points: Sequence[P], first: P, last: P) -> tuple[int, float]:
     part of an update that straddles each end (+-1 of the ~14 updates in a CarRacing bench run) and by how far
     a stack's envs run ahead of its learner.
 
-    A completion is timed at the first point that shows it, up to one point's interval late, each end on its
-    own: the pace's error is at most an interval over the seconds returned (a stack's curve, a point every
-    0.5 s, over ~25 s: +-2%; the references, a point every vector step: well under 1%). Updates shown by the
-    window's first point completed before it and do not count. (0, 0.0) when fewer than 2 points in the window
-    show a new update."""
+    A point may carry, fourth, the time its latest update completed on the learner's own clock (a stack's curve:
+    `last_update_at`); the pace is then timed by those completions exactly, whenever the points were taken.
+    Without it a completion is timed at the first point that shows it, up to one point's interval late (the
+    references take a point every vector step: well under 1% of their pace). Updates shown by the window's
+    first point completed before it and do not count. (0, 0.0) when fewer than 2 points in the window show a
+    new update."""
     at = {id(point): index for index, point in enumerate(points)}
     if id(first) not in at or id(last) not in at:
         raise ValueError("update_pace: `first` and `last` must be points of `points` (as steady_span returns them)")
@@ -105,7 +106,8 @@ def update_pace(points: Sequence[P], first: P, last: P) -> tuple[int, float]:
     changes = [later for earlier, later in itertools.pairwise(inside) if later[2] > earlier[2]]
     if len(changes) < 2:
         return 0, 0.0
-    return int(changes[-1][2] - changes[0][2]), changes[-1][1] - changes[0][1]
+    completed_at = 3 if len(changes[0]) > 3 else 1
+    return int(changes[-1][2] - changes[0][2]), changes[-1][completed_at] - changes[0][completed_at]
 
 
 def run_baseline(run: RunSettings, warmup_fraction: float) -> BaselineResult:

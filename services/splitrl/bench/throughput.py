@@ -79,7 +79,6 @@ def run_settings(settings: ThroughputBenchSettings, mode: Mode, run_dir: Path | 
         train_every_step=settings.train_every_step,
         torch_threads=settings.torch_threads,
         learner_nice=settings.learner_nice,
-        progress_interval_s=0.5,
         run_dir=run_dir,
     )
 
@@ -141,7 +140,11 @@ def _at_warm_up(settings: ThroughputBenchSettings, run_dir: Path, up: subprocess
 def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
     """A StackResult from a finished run directory: summary.json's live curve and the final /metrics."""
     summary = json.loads((run_dir / "summary.json").read_text())
-    live = [(p["env_steps"], p["seconds"], p["updates"]) for p in summary["curve"][:-1] if "seconds" in p]
+    live = [
+        (p["env_steps"], p["seconds"], p["updates"], p["last_update_at"])
+        for p in summary["curve"][:-1]
+        if "seconds" in p
+    ]
     try:
         first, last = steady_span(live, warmup_fraction)
     except ValueError as error:  # the curve takes a point every progress_interval_s: a shorter run has no rate

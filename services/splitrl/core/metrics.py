@@ -42,6 +42,7 @@ EPISODE_RETURN = "splitrl_episode_return"
 INFERENCE_BATCH_SIZE = "splitrl_inference_batch_size"
 HOP_LATENCY = "splitrl_hop_latency_seconds"
 LEARNER_UPDATES = "splitrl_learner_updates"
+LEARNER_LAST_UPDATE = "splitrl_learner_last_update_timestamp_seconds"
 LEARNER_LOSS = "splitrl_learner_loss"
 LEARNING_RATE = "splitrl_learning_rate"
 ENTROPY_COEF = "splitrl_entropy_coef"
@@ -254,6 +255,11 @@ class Metrics:
         self.learner_updates = Counter(
             LEARNER_UPDATES,
             "Policy updates completed by the learner (with data-parallel learners: counted by rank 0 only).",
+            registry=registry,
+        )
+        self.learner_last_update = Gauge(
+            LEARNER_LAST_UPDATE,
+            "Unix time at which the learner completed its last update (set with the count, by rank 0); 0 before.",
             registry=registry,
         )
         self.learner_weights_checksum = Gauge(

@@ -111,6 +111,12 @@ def total(texts: Iterable[str], sample_name: str) -> float:
     return sum(value for text in texts for name, _, value in samples(text) if name == sample_name)
 
 
+def largest(texts: Iterable[str], sample_name: str) -> float:
+    """The largest sample called `sample_name` over all expositions (a gauge only one service sets, such as
+    a timestamp the others export at 0); 0 where there is none."""
+    return max((value for text in texts for name, _, value in samples(text) if name == sample_name), default=0.0)
+
+
 @dataclass(frozen=True)
 class ProcessCost:
     """What one service used, from one exposition of its /metrics (its final one: up to then), its env worker

@@ -243,6 +243,7 @@ class LearnerService(LoopService):
             self.metrics.learner_loss.labels(term=term).set(value)
         # Counted last: a scrape that sees this update counted sees its gauges (TensorBoard charts them then).
         if self.settings.rank == 0:  # one update of the group, however many ranks took part
+            self.metrics.learner_last_update.set_to_current_time()
             self.metrics.learner_updates.inc()
         losses = stats.losses
         log.info(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from splitrl.core import scrape
-from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_UPDATES, VIDEO_SHADOW_BYTES
+from splitrl.core.metrics import ENV_STEPS, EPISODE_RETURN, LEARNER_LAST_UPDATE, LEARNER_UPDATES, VIDEO_SHADOW_BYTES
 from splitrl.core.usage import process_usage
 from splitrl.run import files
 from splitrl.run.launcher import Supervisor
@@ -51,6 +51,8 @@ def curve_point(texts: list[str]) -> dict[str, float]:
     """Cumulative counters at one moment; consecutive points give the mean return of each interval.
 
     `wan_bytes` is every byte sent on a WAN link so far (each direction counted once, by its sender).
+    `last_update_at` is not a counter: the unix time at which the learner completed the last of `updates`
+    (0 before the first), so updates/s can be timed by the learner's clock rather than by when points are taken.
     """
     wan = sum(scrape.wan_by_phase(scrape.link_counts(texts)).values())
     return {
@@ -59,6 +61,7 @@ def curve_point(texts: list[str]) -> dict[str, float]:
         "return_sum": scrape.total(texts, f"{EPISODE_RETURN}_sum"),
         "updates": scrape.total(texts, f"{LEARNER_UPDATES}_total"),
         "wan_bytes": float(wan),
+        "last_update_at": scrape.largest(texts, LEARNER_LAST_UPDATE),
     }
 
 
