@@ -54,12 +54,11 @@ def test_the_learners_own_completion_times_time_its_pace_exactly() -> None:
 
     points = [(100 * t, float(t), completed(t), 0.7 + 1.5 * (completed(t) - 1)) for t in range(0, 21, 2)]
     first, last = steady_span(points, warmup_fraction=0.2)  # from 4 s to 20 s
-    updates, seconds = update_pace(points, first, last)
+    updates, seconds = update_pace(points, first, last, completed_at=3)
     assert updates / seconds == pytest.approx(1 / 1.5)  # exact: updates 4 (at 5.2 s) to 13 (at 18.7 s)
     assert (updates, seconds) == (9, pytest.approx(13.5))
     # Timed by when points showed them instead (6 s and 20 s), the same updates come out 4% slow.
-    plain = [point[:3] for point in points]
-    assert update_pace(plain, *steady_span(plain, warmup_fraction=0.2)) == (9, 14.0)
+    assert update_pace(points, first, last) == (9, 14.0)
 
 
 def test_a_rate_uses_the_learners_pace_and_has_none_without_it() -> None:

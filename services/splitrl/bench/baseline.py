@@ -86,19 +86,19 @@ def steady_span(points: Sequence[P], warmup_fraction: float) -> tuple[P, P]:
     return first, points[-1]
 
 
-def update_pace(points: Sequence[P], first: P, last: P) -> tuple[int, float]:
+def update_pace(points: Sequence[P], first: P, last: P, *, completed_at: int = 1) -> tuple[int, float]:
     """(updates, seconds) from the first to the last PPO update completed inside the window [first, last] of
     cumulative (steps, seconds, updates, ...) `points` (`first` and `last` among them, as steady_span returns
     them): the learner's own pace, unlike the updates counted against the window's steps, which are off by the
     part of an update that straddles each end (+-1 of the ~14 updates in a CarRacing bench run) and by how far
     a stack's envs run ahead of its learner.
 
-    A point may carry, fourth, the time its latest update completed on the learner's own clock (a stack's curve:
-    `last_update_at`); the pace is then timed by those completions exactly, whenever the points were taken.
-    Without it a completion is timed at the first point that shows it, up to one point's interval late (the
-    references take a point every vector step: well under 1% of their pace). Updates shown by the window's
-    first point completed before it and do not count. (0, 0.0) when fewer than 2 points in the window show a
-    new update."""
+    `completed_at` is the field of a point that times its latest update: 1, the point's own seconds, times a
+    completion at the first point that shows it, up to one point's interval late (the references take a point
+    every vector step: well under 1% of their pace); a field holding when the learner completed it, on its own
+    clock (a stack's curve: `last_update_at`), times it exactly whenever the points were taken. Updates shown
+    by the window's first point completed before it and do not count. (0, 0.0) when fewer than 2 points in the
+    window show a new update."""
     at = {id(point): index for index, point in enumerate(points)}
     if id(first) not in at or id(last) not in at:
         raise ValueError("update_pace: `first` and `last` must be points of `points` (as steady_span returns them)")
@@ -106,7 +106,6 @@ def update_pace(points: Sequence[P], first: P, last: P) -> tuple[int, float]:
     changes = [later for earlier, later in itertools.pairwise(inside) if later[2] > earlier[2]]
     if len(changes) < 2:
         return 0, 0.0
-    completed_at = 3 if len(changes[0]) > 3 else 1
     return int(changes[-1][2] - changes[0][2]), changes[-1][completed_at] - changes[0][completed_at]
 
 

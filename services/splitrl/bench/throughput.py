@@ -149,7 +149,7 @@ def read_stack(mode: str, run_dir: Path, warmup_fraction: float) -> StackResult:
         first, last = steady_span(live, warmup_fraction)
     except ValueError as error:  # the curve takes a point every progress_interval_s: a shorter run has no rate
         raise RuntimeError(f"stack {mode} ran too briefly to time ({error}): raise --steps") from error
-    paced_updates, paced_seconds = update_pace(live, first, last)
+    paced_updates, paced_seconds = update_pace(live, first, last, completed_at=3)  # by the learner's clock
     texts = shutdown_texts_by_service(run_dir)
     costs = {name: scrape.process_cost(text) for name, text in texts.items()}
     every = list(texts.values())
