@@ -117,6 +117,8 @@ def test_sync_ppo_trains_once_per_chunks_per_update_chunks(monkeypatch: pytest.M
     assert result.update_us_per_step is not None and result.update_us_per_step > 0
     assert result.env_us_per_step is not None and result.model_us_per_step is not None
     assert result.wall_seconds >= result.seconds > 0
+    # Its pace: 3 updates, from the 1st one's completion to the 4th's, on its points' wall clock (not CPU time).
+    assert result.paced_updates == 3 and 0 < result.paced_seconds <= result.seconds
     # CPU over the same window as the rate: at least its env and update time (one thread), at most its cores' worth.
     assert result.cpu_seconds is not None and result.cpu_ms_per_step is not None
     assert 0.5 * (result.env_us_per_step + result.update_us_per_step) * 64 / 1e6 < result.cpu_seconds
