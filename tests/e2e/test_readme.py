@@ -11,7 +11,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from splitrl.core.ports import bind_error
 from splitrl.run.summary import mean_return_between
 
 pytestmark = pytest.mark.e2e
@@ -118,6 +118,8 @@ def test_readmes_certs_commands_run_as_written(tmp_path):
 #: What a service prints when the port it is told to serve on is taken (core.ports.PortUnavailable).
 PORT_TAKEN = "cannot serve gRPC on"
 EXAMPLE_TIMEOUT_S = 240
+#: Seconds the services the example stops get to shut down (their grace and margin, 5 + 5 s, and start-up).
+SHUTDOWN_S = 30
 
 
 def test_the_services_one_by_one_example_runs_as_written(tmp_path):
@@ -139,22 +141,12 @@ def test_the_services_one_by_one_example_runs_as_written(tmp_path):
 
 def _wait_until_free(ports: list[int], timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
-    while taken := [port for port in ports if not _bindable(port)]:
+    while taken := [port for port in ports if bind_error("127.0.0.1", port) is not None]:
         if time.monotonic() > deadline:
             held = subprocess.run(["ss", "-tanp"], capture_output=True, text=True).stdout if shutil.which("ss") else ""
             lines = [line for line in held.splitlines() if any(f":{port} " in line for port in taken)]
             pytest.fail(f"ports {taken} still taken after {timeout_s:.0f}s:\n" + "\n".join(lines))
         time.sleep(0.5)
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: TIME_WAIT is no obstacle
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def _run_example(script: str, directory: Path) -> tuple[int | None, str]:
@@ -182,10 +174,8 @@ def _run_example(script: str, directory: Path) -> tuple[int | None, str]:
         finally:
             returncode = process.poll()
             if returncode is not None:  # the services it stopped still write their shutdown to the output
-                _wait_until(lambda: not _session_processes(process.pid), deadline)
-            for pid in _session_processes(process.pid):  # with job control each job has a process group
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                _wait_until(lambda: not _session_processes(process.pid), time.monotonic() + SHUTDOWN_S)
+            _kill_session(process.pid)
             process.wait()
     output = output_file.read_text()
     if returncode is None and PORT_TAKEN not in output:
@@ -201,6 +191,16 @@ def _session_processes(session_id: int) -> list[int]:
             if os.getsid(int(entry.name)) == session_id and (entry / "stat").read_text().rsplit(")", 1)[1][1] != "Z":
                 pids.append(int(entry.name))
     return pids
+
+
+def _kill_session(session_id: int) -> None:
+    """SIGKILL every process of the session, again until none is left (one may have forked meanwhile)."""
+    deadline = time.monotonic() + 10
+    while (pids := _session_processes(session_id)) and time.monotonic() < deadline:
+        for pid in pids:  # with job control each job has a process group of its own: killed one by one
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def _wait_until(condition: Callable[[], bool], deadline: float) -> None:

@@ -63,6 +63,23 @@ async def test_an_address_not_of_this_machine_points_at_host():
     assert "--host" in message
 
 
+async def test_an_ipv6_host_is_served_bracketed_or_bare_and_named_bracketed() -> None:
+    holder = socket.socket(socket.AF_INET6)
+    try:
+        holder.bind(("::1", 0))
+    except OSError:
+        holder.close()
+        pytest.skip("no IPv6 loopback here")
+    with holder:
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(PortUnavailable, match=rf"cannot serve gRPC on \[::1\]:{port}: Address already in use"):
+            await start_replay(host="::1", port=port)
+    for host in ("::1", "[::1]"):
+        started = await start_replay(host=host)
+        await started.stop()
+
+
 def test_splitrl_serve_says_so_and_exits_1_without_a_traceback(held_port):
     result = subprocess.run(
         [sys.executable, "-m", "splitrl.cli.main", "serve", "replay", "--tls", "plaintext", "--port", str(held_port)],

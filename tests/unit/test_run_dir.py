@@ -33,6 +33,10 @@ def test_a_resumed_segment_is_shifted_by_the_last_point():
     assert shifted == {
         "env_steps": 110, "episodes": 6, "return_sum": -1.5, "updates": 3, "wan_bytes": 1050, "seconds": 62,
     }  # fmt: skip
+    # When the last update completed is a time: the earlier segment's until the new learner's first update.
+    earlier = {**offset, "last_update_at": 1_700_000_000.0}
+    assert run_dir_files.shifted(point(10, last_update_at=0.0), earlier)["last_update_at"] == 1_700_000_000.0
+    assert run_dir_files.shifted(point(10, last_update_at=1_700_000_900.0), earlier)["last_update_at"] == 1.7000009e9
 
 
 def test_settings_must_exist_and_be_an_object(tmp_path):

@@ -257,6 +257,8 @@ class Metrics:
             "Policy updates completed by the learner (with data-parallel learners: counted by rank 0 only).",
             registry=registry,
         )
+        # Registered after the count, so a scrape reads the count first: a point showing an update's count shows
+        # its time too (learner.service sets the time first), unless the next update lands between the two reads.
         self.learner_last_update = Gauge(
             LEARNER_LAST_UPDATE,
             "Unix time at which the learner completed its last update (set with the count, by rank 0); 0 before.",

@@ -92,8 +92,11 @@ def zero_point() -> dict[str, float]:
 
 
 def shifted(point: dict[str, float], offset: dict[str, float]) -> dict[str, float]:
-    """`point` of this segment, made cumulative over the run by adding the previous segments' last point."""
-    return {**point, **{key: point[key] + offset[key] for key in CURVE_KEYS}}
+    """`point` of this segment, made cumulative over the run by adding the previous segments' last point; its
+    `last_update_at` (a time, not a count) is the later of the two, so a resumed run's points show when the
+    last of their updates completed even before the new segment's first."""
+    later = {key: max(point[key], offset.get(key, 0.0)) for key in ("last_update_at",) if key in point}
+    return {**point, **{key: point[key] + offset[key] for key in CURVE_KEYS}, **later}
 
 
 def append_eval(run_dir: Path, result: dict[str, Any]) -> None:

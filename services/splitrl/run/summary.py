@@ -2,7 +2,8 @@
 readings of a curve (bins, windows) that plots, reports and tests share.
 
 A curve point holds cumulative counters at one moment (env_steps, episodes, return_sum, updates, wan_bytes,
-seconds); consecutive points give the mean return of each interval.
+seconds) and when the learner completed the last of those updates (last_update_at, unix seconds); consecutive
+points give the mean return of each interval.
 """
 
 from __future__ import annotations
