@@ -67,12 +67,8 @@ def _address(host: str, port: int) -> str:
 
 def _message(what: str, host: str, port: int, port_flag: str, error: OSError | None = None) -> str:
     reason = error if error is not None and error.errno is not None else bind_error(host, port)
-    described = "the bind failed, and the port was free when tried again" if reason is None else _describe(reason)
-    return f"cannot serve {what} on {_address(host, port)}: {described}; {_fix(reason, port_flag)}"
-
-
-def _describe(reason: OSError) -> str:
-    return reason.strerror or str(reason)
+    described = "the bind failed, and the port was free when tried again" if reason is None else reason.strerror
+    return f"cannot serve {what} on {_address(host, port)}: {described or reason}; {_fix(reason, port_flag)}"
 
 
 def _fix(reason: OSError | None, port_flag: str) -> str:

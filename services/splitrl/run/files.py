@@ -95,8 +95,10 @@ def shifted(point: dict[str, float], offset: dict[str, float]) -> dict[str, floa
     """`point` of this segment, made cumulative over the run by adding the previous segments' last point; its
     `last_update_at` (a time, not a count) is the later of the two, so a resumed run's points show when the
     last of their updates completed even before the new segment's first."""
-    later = {key: max(point[key], offset.get(key, 0.0)) for key in ("last_update_at",) if key in point}
-    return {**point, **{key: point[key] + offset[key] for key in CURVE_KEYS}, **later}
+    made_cumulative = {**point, **{key: point[key] + offset[key] for key in CURVE_KEYS}}
+    if "last_update_at" in point:
+        made_cumulative["last_update_at"] = max(point["last_update_at"], offset.get("last_update_at", 0.0))
+    return made_cumulative
 
 
 def append_eval(run_dir: Path, result: dict[str, Any]) -> None:
