@@ -17,6 +17,7 @@ from splitrl.core.ports import PortUnavailable
 from splitrl.core.service import ServiceHost
 from splitrl.replay.service import ReplayService
 from splitrl.replay.settings import ReplaySettings
+from tests.ports import free_port
 
 
 @pytest.fixture
@@ -43,9 +44,7 @@ async def test_a_grpc_port_in_use_is_named_with_the_reason_and_the_flag(held_por
 
 
 async def test_a_metrics_port_in_use_is_named_and_the_grpc_port_is_let_go(held_port):
-    with socket.socket() as spare:
-        spare.bind(("127.0.0.1", 0))
-        grpc_port = spare.getsockname()[1]
+    grpc_port = free_port()
     with pytest.raises(PortUnavailable) as error:
         await start_replay(port=grpc_port, metrics_port=held_port)
     message = str(error.value)
