@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from splitrl.core import scrape
-from splitrl.core.metrics import POLICY_LAG
+from splitrl.core.metrics import POLICY_LAG, Metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +129,15 @@ def test_up_runs_all_services_and_writes_a_summary(tmp_path, mode):
     assert (run_dir / "tls" / "ca.pem").is_file()
     for name in summary["exit_codes"]:
         assert " (mtls), metrics on" in (run_dir / "logs" / f"{name}.log").read_text(), name
+        assert "updated but not exported" not in (run_dir / "logs" / f"{name}.log").read_text(), name
+        # Each service's final /metrics: its own families and the shared ones (metrics.SERVICE_FAMILIES), as a
+        # registry of that service alone holds them, and no NAME_created series.
+        families = list(text_string_to_metric_families((run_dir / "metrics" / f"{name}.prom").read_text()))
+        own = CollectorRegistry()
+        Metrics(own, name)
+        expected = {family.name for family in text_string_to_metric_families(generate_latest(own).decode())}
+        assert {family.name for family in families} == {f for f in expected if not f.endswith("_created")}, name
+        assert not [sample.name for family in families for sample in family.samples if "_created" in sample.name]
 
 
 def output_once_stopped(up: subprocess.Popen, run_dir: Path, timeout_s: float) -> str:

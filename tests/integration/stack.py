@@ -32,8 +32,18 @@ from splitrl.run.settings import RunSettings
 FAST_ENV = "splitrl/Catch-v0"
 
 
+#: Each service class's name: its Metrics exports that service's families, as in `splitrl serve NAME`.
+SERVICE_NAMES: dict[Any, str] = {
+    ReplayService: "replay",
+    InferenceService: "inference",
+    LearnerService: "learner",
+    EdgeEncoderService: "edge-encoder",
+    EnvironmentService: "environment",
+}
+
+
 async def start(service_cls: Any, settings: Any) -> ServiceHost:
-    metrics = Metrics(CollectorRegistry())
+    metrics = Metrics(CollectorRegistry(), SERVICE_NAMES.get(service_cls))
     return await ServiceHost.start(service_cls(settings, metrics), settings, metrics)
 
 
@@ -147,6 +157,9 @@ class Stack:
         return {name: scrape.fetch(host.metrics_port) for name, host in self.hosts.items()}
 
     async def stop(self) -> None:
+        """Stop every service; then fail if one updated a family its /metrics does not serve."""
         for host in reversed(self.hosts.values()):
             await host.stop()
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        unserved = {name: host.metrics.unexported_in_use() for name, host in self.hosts.items()}
+        assert not any(unserved.values()), f"updated, not exported (metrics.SERVICE_FAMILIES): {unserved}"

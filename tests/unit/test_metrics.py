@@ -10,7 +10,7 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from splitrl.core import scrape, wire
-from splitrl.core.metrics import LinkMeter, Metrics, tensor_elements
+from splitrl.core.metrics import SERVICE_FAMILIES, SHARED_FAMILIES, LinkMeter, Metrics, tensor_elements
 from splitrl.v1 import replay_pb2, rollout_pb2
 
 
@@ -133,6 +133,53 @@ def test_registries_do_not_share_counters():
     Metrics(second)
     assert sample(first, "messages", LABELS) == 1
     assert sample(second, "messages", LABELS) is None
+
+
+def families(registry: CollectorRegistry) -> set[str]:
+    return {family.name for family in registry.collect()}
+
+
+def test_a_service_exports_its_own_families_and_the_shared_ones_only():
+    replay, learner, every = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
+    Metrics(replay, "replay"), Metrics(learner, "learner"), Metrics(every)
+    assert "splitrl_replay_inserts" in families(replay) and "splitrl_learner_updates" not in families(replay)
+    assert "splitrl_learner_updates" in families(learner) and "splitrl_replay_inserts" not in families(learner)
+    for shared in SHARED_FAMILIES | {"process_cpu_seconds", "process_resident_memory_bytes"}:
+        assert shared in families(replay) and shared in families(learner)
+    assert len(generate_latest(replay)) < len(generate_latest(every)) / 2
+
+
+def service_registries() -> list[CollectorRegistry]:
+    registries = [CollectorRegistry() for _ in SERVICE_FAMILIES]
+    for registry, service in zip(registries, SERVICE_FAMILIES, strict=True):
+        Metrics(registry, service)
+    return registries
+
+
+def test_every_family_is_exported_by_some_service():
+    # Without a service a registry gets every family (tools and tests reading one registry for several roles).
+    exported = set().union(*(families(registry) for registry in service_registries()))
+    every = CollectorRegistry()
+    Metrics(every)
+    assert exported == families(every)
+
+
+def test_an_unknown_service_is_refused_naming_it():
+    with pytest.raises(ValueError, match="'replay-1'"):
+        Metrics(CollectorRegistry(), "replay-1")
+
+
+def test_a_family_updated_but_not_exported_is_reported_and_not_served():
+    registry = CollectorRegistry()
+    metrics = Metrics(registry, "replay")
+    assert metrics.unexported_in_use() == []
+    metrics.learner_updates.inc(0)  # touched at 0: still nothing a reader could miss
+    metrics.policy_lag.observe(0)  # an observation is a count of 1, whatever its value
+    metrics.reconnects.labels(peer="learner").inc()  # shared: exported
+    metrics.unknown_step_ids.labels(request="gradient")  # a labelled series exists
+    assert metrics.unexported_in_use() == ["splitrl_policy_lag", "splitrl_unknown_step_ids"]
+    assert "splitrl_policy_lag" not in generate_latest(registry).decode()
+    assert Metrics(CollectorRegistry()).unexported_in_use() == []  # every family exported: nothing to miss
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the process_* series and the peak read Linux's /proc")

@@ -353,7 +353,7 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
         parser.exit(2, f"splitrl serve {name}: {error}\n")
     service_cls = load(SERVICES[name].service)
     try:
-        return run_service(lambda metrics: service_cls(settings, metrics), settings)
+        return run_service(lambda metrics: service_cls(settings, metrics), settings, name)
     except PortUnavailable as error:  # a port taken is the user's to fix: what and how, not a traceback
         parser.exit(1, f"splitrl serve {name}: {error}\n")
 
