@@ -52,9 +52,9 @@ def test_what_was_not_measured_is_none_not_zero():
 
 
 def test_a_curve_point_says_when_the_learner_completed_its_last_update_by_the_learners_clock():
-    learner, inference = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    learner, inference = Metrics(CollectorRegistry(), "learner"), Metrics(CollectorRegistry(), "inference")
     texts = [generate_latest(metrics.registry).decode() for metrics in (learner, inference)]
-    assert curve_point(texts)["last_update_at"] == 0.0  # before the first update: every service exports 0
+    assert curve_point(texts)["last_update_at"] == 0.0  # before the first update: the learner exports 0
     before = time.time()
     learner.learner_last_update.set_to_current_time()
     learner.learner_updates.inc()

@@ -33,7 +33,7 @@ def test_the_schedules_are_the_learners_and_charted_only_once_the_live_learner_h
     log.writer.close()
     log.writer = writer = RecordingWriter()
     offset = run_dir_files.zero_point() | {"updates": 5.0}  # a resumed run: 5 updates in earlier segments
-    idle_service = exposition()  # every service exports the gauges, at 0
+    idle_service = exposition()  # a registry of every family exports the gauges, at 0
     restarted_learner = exposition(updates=0)
     point = offset | {"env_steps": 100.0, "seconds": 1.0}
     log.add(point, [idle_service, restarted_learner], [idle_service, restarted_learner], offset)

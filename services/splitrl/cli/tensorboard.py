@@ -52,7 +52,7 @@ class TensorBoardLog:
         for name, labels, value in (sample for text in live_texts for sample in scrape.samples(text)):
             if name == LEARNER_LOSS:
                 self.writer.add_scalar(f"losses/{labels.get('term', 'total')}", value, step)
-            elif name in CHARTED_GAUGES:  # every service exports them at 0; only the learner sets them (>= 0)
+            elif name in CHARTED_GAUGES:  # only the learner sets them (>= 0); a registry of every family has 0
                 charted[name] = max(value, charted.get(name, 0.0))
             elif name == f"{LEARNER_UPDATES}_total":
                 live_updates += value

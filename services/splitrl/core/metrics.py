@@ -200,6 +200,8 @@ class Metrics:
         # process_cpu_seconds_total, process_resident_memory_bytes, ...: where CPU and memory go, per service
         # (`splitrl bench throughput`, the load test). Services in one process (tests) report the same process.
         ProcessCollector(registry=registry)
+        # Every family is built off prometheus_client's global REGISTRY (registry=None); those `service` exports
+        # are registered on `registry` at the end, in this order.
         self.run = Info(
             "splitrl_run",
             "The training mode (and, where it applies, the observation codec; the learner's train_precision; the split "
@@ -469,7 +471,8 @@ class Metrics:
 
     def unexported_in_use(self) -> list[str]:
         """Families this service updated but does not export (SERVICE_FAMILIES lacks them): each was counted and
-        then never served. A family is in use once it has a labelled series or a value other than 0."""
+        then never served. A family is in use once it has a labelled series or a value other than 0 (so a gauge
+        only ever set to 0 goes unseen, and an Info, 1 without labels, always counts: splitrl_run is shared)."""
         if self.exported is None:
             return []
         return sorted(

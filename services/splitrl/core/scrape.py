@@ -113,7 +113,7 @@ def total(texts: Iterable[str], sample_name: str) -> float:
 
 def largest(texts: Iterable[str], sample_name: str) -> float:
     """The largest sample called `sample_name` over all expositions (a gauge only one service sets, such as
-    a timestamp the others export at 0); 0 where there is none."""
+    a timestamp, which a registry of every family exports at 0); 0 where there is none."""
     return max((value for text in texts for name, _, value in samples(text) if name == sample_name), default=0.0)
 
 
