@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from splitrl.core import scrape, wire
 from splitrl.core.metrics import SERVICE_FAMILIES, SHARED_FAMILIES, LinkMeter, Metrics, tensor_elements
+from splitrl.run.registry import SERVICES
 from splitrl.v1 import replay_pb2, rollout_pb2
 
 
@@ -172,6 +173,10 @@ def test_every_family_is_exported_by_some_service():
     every = CollectorRegistry()
     Metrics(every)
     assert exported == families(every)
+
+
+def test_every_service_splitrl_serves_has_an_export_list():
+    assert set(SERVICE_FAMILIES) == set(SERVICES)  # `splitrl serve NAME` builds Metrics(registry, NAME)
 
 
 def test_an_unknown_service_is_refused_naming_it():
