@@ -32,14 +32,16 @@ from splitrl.run.settings import RunSettings
 FAST_ENV = "splitrl/Catch-v0"
 
 
-#: Each service class's name: its Metrics exports that service's families, as in `splitrl serve NAME`.
-SERVICE_NAMES: dict[Any, str] = {
-    ReplayService: "replay",
-    InferenceService: "inference",
-    LearnerService: "learner",
-    EdgeEncoderService: "edge-encoder",
-    EnvironmentService: "environment",
+#: Each service's class by its name (run.registry.SERVICES), in dial order.
+SERVICE_CLASSES: dict[str, Any] = {
+    "replay": ReplayService,
+    "inference": InferenceService,
+    "learner": LearnerService,
+    "edge-encoder": EdgeEncoderService,
+    "environment": EnvironmentService,
 }
+#: Each service class's name: its Metrics exports that service's families, as in `splitrl serve NAME`.
+SERVICE_NAMES: dict[Any, str] = {service_cls: name for name, service_cls in SERVICE_CLASSES.items()}
 
 
 async def start(service_cls: Any, settings: Any) -> ServiceHost:
@@ -105,8 +107,6 @@ class Stack:
             "edge-encoder": edge or {},
             "environment": {"max_steps": steps, **(environment or {})},
         }
-        services = {"replay": ReplayService, "inference": InferenceService, "learner": LearnerService}
-        services |= {"edge-encoder": EdgeEncoderService, "environment": EnvironmentService}
         stack = cls()
         try:
             for name in instance_names(run):
@@ -116,7 +116,7 @@ class Stack:
                 addresses = {peer: address(host) for peer, host in stack.hosts.items()}
                 addresses.setdefault("learner", "127.0.0.1:1")  # no learner: the edge's training link is refused
                 planned = plan(run, stack.run_dir, addresses)[name]
-                stack.hosts[name] = await start(services[service], amended(planned, **overrides[service]))
+                stack.hosts[name] = await start(SERVICE_CLASSES[service], amended(planned, **overrides[service]))
         except BaseException:
             await stack.stop()  # nothing half-started outlives a failed start
             raise
