@@ -9,7 +9,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from splitrl.core.envs import CATCH_ID, make_env
 from splitrl.core.framestack import FrameStacker
-from splitrl.core.models import ActorCritic, ActorCriticHead, Encoder
+from splitrl.core.models import ActorCritic, ActorCriticHead, Encoder, unit_range
 from splitrl.core.spec import ActionSpec, ModelConfig
 
 B = 2
@@ -49,10 +49,21 @@ def test_other_frame_size_adds_a_bottleneck_to_the_requested_width():
     assert bottleneck.in_features == 64 * 7 * 7
 
 
-def test_encoder_scales_uint8_to_unit_range():
+def test_unit_range_is_the_frames_over_255_within_an_ulp_in_their_own_layout():
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    scaled = unit_range(every_byte)
+    assert scaled.dtype == torch.float32
+    assert scaled[0] == 0 and scaled[255] == 1
+    ulp = torch.nextafter(every_byte / 255.0, torch.tensor(2.0)) - every_byte / 255.0
+    assert bool(((scaled - every_byte / 255.0).abs() <= ulp).all())
+    channels_last = stacks().contiguous(memory_format=torch.channels_last)
+    assert unit_range(channels_last).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_encoder_reads_its_frames_in_unit_range():
     encoder = Encoder(width=4096)
     frames = stacks()
-    assert torch.allclose(encoder(frames), encoder.net(frames.float() / 255.0))
+    assert torch.equal(encoder(frames), encoder.net(unit_range(frames)))
 
 
 def test_with_channels_last_weights_the_frames_reach_the_first_convolution_channels_last_with_the_same_numbers():
@@ -70,7 +81,7 @@ def test_with_channels_last_weights_the_frames_reach_the_first_convolution_chann
     gradients = [p.grad.clone() for p in encoder.parameters()]
     hook.remove()
     encoder.zero_grad()
-    expected = encoder.net(frames.float() / 255.0)
+    expected = encoder.net(unit_range(frames))
     expected.square().sum().backward()
     assert layouts == [True]
     assert torch.equal(outputs, expected)

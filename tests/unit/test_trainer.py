@@ -40,6 +40,24 @@ def test_rows_leave_out_each_chunks_bootstrap_step_and_take_every_field():
     assert torch.equal(picked.inputs[1], data.inputs[1, 1])
 
 
+def test_rows_taken_by_position_or_mask_are_copies_in_their_own_layout():
+    """The learner reorders an update's frames to channels-last once (Trainer.update); each minibatch's rows
+    must come out channels-last too, or the encoder would reorder them again at every step."""
+    data = batch(frames())
+    rows = Rows.of(data, torch.randn(CHUNKS, HORIZON), torch.randn(CHUNKS, HORIZON), torch.zeros(CHUNKS, HORIZON))
+    channels_last = Rows(**{**vars(rows), "inputs": rows.inputs.contiguous(memory_format=torch.channels_last)})
+    order = torch.tensor([5, 0, 31, 5, 12])
+    picked = channels_last.take(order)
+    assert picked.inputs.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(picked.inputs, rows.inputs[order])
+    assert all(torch.equal(getattr(picked, name), getattr(rows, name)[order]) for name in vars(rows))
+    mask = torch.zeros(len(rows), dtype=torch.bool)
+    mask[[3, 7]] = True
+    assert torch.equal(rows.take(mask).step_ids, rows.step_ids[[3, 7]])
+    picked.inputs.zero_()
+    assert channels_last.inputs[order].any()  # a copy: training on it leaves the update's rows as they were
+
+
 def test_loss_terms_average_by_name_and_are_zero_when_nothing_trained():
     assert LossTerms.mean([]) == LossTerms(0.0, 0.0, 0.0, 0.0, 0.0)
     mean = LossTerms.mean([LossTerms(1, 2, 3, 4, 5), LossTerms(3, 4, 5, 6, 7)])

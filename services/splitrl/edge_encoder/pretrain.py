@@ -26,7 +26,7 @@ from torch import nn
 
 from splitrl.core.envs import make_env
 from splitrl.core.framestack import FrameRow, FrameStacker, stack_rows
-from splitrl.core.models import Encoder, conv_stack
+from splitrl.core.models import Encoder, conv_stack, unit_range
 from splitrl.core.spec import ModelConfig
 from splitrl.edge_encoder.pretrained import PretrainResult
 
@@ -164,7 +164,7 @@ def pretrain(
     for step in range(1, steps + 1):
         picks = torch.randint(len(training), (batch_size,), generator=sampler).tolist()
         batch = stack_rows([training[i] for i in picks])
-        loss = nn.functional.mse_loss(decoder(encoder(batch)), batch.float() / 255.0)
+        loss = nn.functional.mse_loss(decoder(encoder(batch)), unit_range(batch))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -208,7 +208,7 @@ def reconstruction_mse(encoder: Encoder, decoder: Decoder, rows: list[FrameRow])
     """Mean squared error per pixel of the decoder's reconstruction of `rows`' stacks, frames scaled to [0, 1]."""
     total = 0.0
     for stacks in _pieces(rows):
-        total += float(((decoder(encoder(stacks)) - stacks.float() / 255.0) ** 2).sum())
+        total += float(((decoder(encoder(stacks)) - unit_range(stacks)) ** 2).sum())
     return total / _pixels(rows)
 
 
@@ -216,5 +216,5 @@ def mean_predictor_mse(training: list[FrameRow], held_out: list[FrameRow]) -> fl
     """The error per pixel of predicting every held-out stack as the training stacks' per-pixel mean: what an
     encoder that carries nothing reaches."""
     mean_stack = sum(stacks.float().sum(0) for stacks in _pieces(training)) / (255.0 * len(training))
-    total = sum(float(((stacks.float() / 255.0 - mean_stack) ** 2).sum()) for stacks in _pieces(held_out))
+    total = sum(float(((unit_range(stacks) - mean_stack) ** 2).sum()) for stacks in _pieces(held_out))
     return total / _pixels(held_out)
