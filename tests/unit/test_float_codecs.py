@@ -331,7 +331,7 @@ def test_fuzzed_floats_round_trip_with_bounded_error(rows, width, codec, scale, 
 
 
 def test_int4_is_only_reached_through_encode_float_and_counts_its_elements_exactly():
-    from splitrl.core.metrics import tensor_elements
+    from splitrl.core.link_meter import tensor_elements
 
     with pytest.raises(wire.WireError, match="encode_float"):
         wire.encode(torch.ones(2, 3), DType.DTYPE_INT4)

@@ -10,7 +10,8 @@ import torch
 from prometheus_client import CollectorRegistry, generate_latest
 
 from splitrl.core import scrape, wire
-from splitrl.core.metrics import SERVICE_FAMILIES, SHARED_FAMILIES, LinkMeter, Metrics, tensor_elements
+from splitrl.core.link_meter import LinkMeter, tensor_elements
+from splitrl.core.metrics import SERVICE_FAMILIES, SHARED_FAMILIES, Metrics
 from splitrl.run.registry import SERVICES
 from splitrl.v1 import replay_pb2, rollout_pb2
 

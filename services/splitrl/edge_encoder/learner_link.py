@@ -19,7 +19,8 @@ import grpc
 from splitrl.core import rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.rpc import BadRequest
 from splitrl.core.step_ids import unpack_step_ids

@@ -40,7 +40,8 @@ import torch
 from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameRow
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.replicas import Replicas
 from splitrl.core.service import BackgroundLoop

@@ -27,7 +27,8 @@ from splitrl.core import codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.env_worker import GroupEnvs, group_envs
 from splitrl.core.envs import action_spec_from_space, skip_unused_pygame_modules
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.redial import FAILURES, Redial
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.environment.settings import EnvironmentSettings

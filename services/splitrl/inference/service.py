@@ -21,8 +21,9 @@ from splitrl.core import codecs, weights, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
+from splitrl.core.link_meter import LinkMeter
 from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor, episode_ends
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.core.video import VideoDecodeError, VideoStreamDecoder

@@ -22,7 +22,8 @@ import torch
 
 from splitrl.core import wire
 from splitrl.core.config import FloatCodec
-from splitrl.core.metrics import LinkMeter, Metrics, Payload
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics, Payload
 from splitrl.core.rpc import BadRequest, Busy
 from splitrl.core.step_ids import MAX_PREFIX, pack_step_ids, prefix_of
 from splitrl.core.tasks import first_done

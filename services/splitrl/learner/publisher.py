@@ -26,7 +26,8 @@ import grpc
 from splitrl.core import rpc
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings, split_addresses
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.redial import FAILURES, Redial, describe, is_refusal
 from splitrl.core.tasks import first_done
 from splitrl.v1 import weights_pb2, weights_pb2_grpc

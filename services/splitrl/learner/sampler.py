@@ -26,7 +26,8 @@ import grpc
 from splitrl.core import rpc
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import TransportSettings, split_addresses
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.redial import Redial, describe, is_refusal
 from splitrl.v1 import replay_pb2, replay_pb2_grpc
 

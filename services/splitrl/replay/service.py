@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from splitrl.core import trajectory
-from splitrl.core.metrics import LinkMeter, Metrics
+from splitrl.core.link_meter import LinkMeter
+from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest
 from splitrl.replay.dedup import Writers
 from splitrl.replay.persistence import ReplayStore

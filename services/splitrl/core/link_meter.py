@@ -1,0 +1,84 @@
+"""The link meter: one end of one link counting each message it sends or receives (docs/design.md §4).
+
+Each message counts its serialized protobuf size (the payload of gRPC's length-prefixed frame), one message, and
+the tensor elements ("numbers") it carries, on the families `splitrl.core.metrics` defines, labelled link,
+direction, phase and payload from the fixed sets there.
+"""
+
+from __future__ import annotations
+
+import math
+
+from google.protobuf.message import Message
+from prometheus_client import Counter
+
+from splitrl.core import wire
+from splitrl.core.metrics import Direction, Link, Metrics, Payload, Phase
+from splitrl.v1 import tensor_pb2
+
+
+def tensor_elements(message: Message) -> int:
+    """Total elements of every splitrl.v1.Tensor inside `message`, at any depth.
+
+    Counted from the bytes each tensor carries (len(data) / bytes per element), which equals
+    product(shape) for every valid tensor and cannot be inflated or made negative
+    by a forged shape; a tensor of unknown dtype counts 0. A compressed tensor counts
+    product(shape), clipped to what the wire's size limit allows (a forged shape is
+    refused by decoding, and cannot count more than a valid tensor could).
+    """
+    if isinstance(message, tensor_pb2.Tensor):
+        try:
+            if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
+                held = wire.elements_in(message.dtype, len(message.data))
+                declared = math.prod(message.shape) if all(dim >= 0 for dim in message.shape) else -1
+                # An odd int4 count fills its last byte half: the shape says how many when it fits the data.
+                return declared if wire.data_bytes(message.dtype, declared) == len(message.data) else held
+            most = wire.elements_in(message.dtype, wire.DEFAULT_MAX_TENSOR_BYTES)
+        except wire.WireError:
+            return 0
+        if any(dim < 0 for dim in message.shape):
+            return 0
+        return min(math.prod(message.shape), most)
+    total = 0
+    for field, value in message.ListFields():
+        if field.message_type is None:
+            continue
+        if field.is_repeated:
+            total += sum(tensor_elements(item) for item in value)
+        else:
+            total += tensor_elements(value)
+    return total
+
+
+class LinkMeter:
+    """Counts one end of one link. Cheap to call per message: label children are cached."""
+
+    def __init__(self, metrics: Metrics, link: Link) -> None:
+        self._metrics = metrics
+        self.link = link
+        self._children: dict[tuple[str, str, str], tuple[Counter, Counter, Counter]] = {}
+
+    def sent(self, message: Message, *, phase: Phase, payload: Payload) -> int:
+        """Count `message` as sent; return its size in bytes."""
+        return self._count(message, "sent", phase, payload)
+
+    def received(self, message: Message, *, phase: Phase, payload: Payload) -> int:
+        """Count `message` as received; return its size in bytes."""
+        return self._count(message, "received", phase, payload)
+
+    def _count(self, message: Message, direction: Direction, phase: Phase, payload: Payload) -> int:
+        key = (direction, phase, payload)
+        children = self._children.get(key)
+        if children is None:
+            labels = {"link": self.link, "direction": direction, "phase": phase, "payload": payload}
+            children = (
+                self._metrics.link_bytes.labels(**labels),
+                self._metrics.link_messages.labels(**labels),
+                self._metrics.link_elements.labels(**labels),
+            )
+            self._children[key] = children
+        size = message.ByteSize()
+        children[0].inc(size)
+        children[1].inc()
+        children[2].inc(tensor_elements(message))
+        return size
