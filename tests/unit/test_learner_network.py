@@ -65,8 +65,9 @@ def test_the_learners_adam_stays_fused_after_loading_a_checkpoint_saved_unfused(
 
 def test_frames_are_put_in_the_convolutions_layout_once_and_rows_taken_from_them_stay_in_it():
     """The training layout's encoder reorders uint8 frames to channels-last (acting's leaves them as they are);
-    frames already in it are the same tensor, not a copy, and row indexing (a minibatch) keeps the layout, which
-    is what lets Trainer.update reorder an update's frames once instead of at every minibatch."""
+    frames already in it are the same tensor, not a copy, and the activations match the acting layout's. That a
+    minibatch's rows keep the layout (so Trainer.update reorders an update's frames once, not at every minibatch)
+    is Rows.take's test, in test_trainer."""
     torch.manual_seed(0)
     acting = cloud_network("cloud", MODEL, SPEC)
     training = to_training_layout(cloud_network("cloud", MODEL, SPEC))

@@ -1,4 +1,5 @@
-"""splitrl.core.metrics: tensor element counting and LinkMeter's byte/message/element counters."""
+"""splitrl.core.metrics (the catalogue, each service's families) and splitrl.core.link_meter (tensor element
+counting and LinkMeter's byte/message/element counters)."""
 
 from __future__ import annotations
 

@@ -58,6 +58,8 @@ def test_unit_range_is_the_frames_over_255_within_an_ulp_in_their_own_layout():
     assert bool(((scaled - every_byte / 255.0).abs() <= ulp).all())
     channels_last = stacks().contiguous(memory_format=torch.channels_last)
     assert unit_range(channels_last).is_contiguous(memory_format=torch.channels_last)
+    already_float = every_byte.float()
+    assert unit_range(already_float) is not already_float and already_float[255] == 255  # the caller's, untouched
 
 
 def test_encoder_reads_its_frames_in_unit_range():

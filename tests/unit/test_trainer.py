@@ -54,6 +54,8 @@ def test_rows_taken_by_position_or_mask_are_copies_in_their_own_layout():
     mask = torch.zeros(len(rows), dtype=torch.bool)
     mask[[3, 7]] = True
     assert torch.equal(rows.take(mask).step_ids, rows.step_ids[[3, 7]])
+    with pytest.raises(ValueError, match=f"cover all {len(rows)} rows, got one of {len(rows) - 1}"):
+        rows.take(mask[1:])
     picked.inputs.zero_()
     assert channels_last.inputs[order].any()  # a copy: training on it leaves the update's rows as they were
 
