@@ -82,6 +82,95 @@ def test_a_block_freed_at_every_step_is_reused_not_faulted_back_in():
     assert int(reused_faults) < 4_000, reused_faults
 
 
+#: A thread holds 48 MB and then allocates, writes and frees 24 MB 20 times (a learner's training thread, updates
+#: over kept weights and optimizer state): prints whether one_heap() applied and the thread's minor page faults.
+#: one_heap() runs first, as `splitrl serve` calls it: before numpy's import starts threads of its own.
+THREAD_HEAP_SCRIPT = """
+import resource, sys, threading
+from splitrl.core.memory import one_heap, reuse_freed_blocks
+
+applied = one_heap() if sys.argv[1] == "one-heap" else None
+import numpy as np
+reuse_freed_blocks()
+faults = []
+
+def steps():
+    kept = [np.ones(12_000_000, np.uint8) for _ in range(4)]
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    for _ in range(20):
+        block = np.empty(24_000_000, np.uint8)
+        block.fill(1)
+        del block
+    faults.append(resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before)
+
+thread = threading.Thread(target=steps)
+thread.start()
+thread.join()
+print(applied, faults[0])
+"""
+
+
+def test_a_threads_freed_blocks_stay_in_the_one_heap_instead_of_mappings_made_and_unmapped():
+    def run(variant: str) -> tuple[str, int]:
+        result = subprocess.run(
+            [sys.executable, "-c", THREAD_HEAP_SCRIPT, variant],
+            env={k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        applied, faults = result.stdout.split()
+        return applied, int(faults)
+
+    applied, one_heap_faults = run("one-heap")
+    if applied == "False":  # not glibc: nothing set
+        return
+    _, own_heap_faults = run("own-heap")
+    # In a heap of its own the thread's 24 MB block lands in a new 64 MiB mapping that is unmapped when it is
+    # freed, and faulted in afresh (~5,900 pages) at most steps; in the main heap it stays for the next step.
+    assert own_heap_faults > 10_000, own_heap_faults
+    assert one_heap_faults < 2_000, one_heap_faults
+
+
+#: `splitrl serve` refused after it parsed its flags (a bad port), then a thread allocates: prints how many heaps
+#: (glibc arenas) the process has, from malloc_info's report.
+SERVE_HEAPS_SCRIPT = """
+import ctypes, ctypes.util, sys, tempfile, threading
+from splitrl.cli.main import main
+
+try:
+    main(["serve", "replay", "--port", "-5"])
+except SystemExit:
+    pass
+thread = threading.Thread(target=lambda: [bytearray(200_000) for _ in range(10)])
+thread.start()
+thread.join()
+libc = ctypes.CDLL(ctypes.util.find_library("c"))
+libc.fopen.restype = ctypes.c_void_p
+libc.malloc_info.argtypes = libc.fclose.argtypes = [ctypes.c_void_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+with tempfile.NamedTemporaryFile(suffix=".xml") as report:
+    stream = libc.fopen(report.name.encode(), b"w")
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print(open(report.name).read().count("<heap nr="))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_info")
+def test_splitrl_serve_keeps_every_thread_on_one_heap_from_its_start():
+    result = subprocess.run(
+        [sys.executable, "-c", SERVE_HEAPS_SCRIPT],
+        env={k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1"], result.stdout
+
+
 def test_freed_memory_trims_once_the_counted_bytes_reach_the_threshold(monkeypatch):
     trims: list[int] = []
     monkeypatch.setattr(memory, "release_free_memory", lambda: trims.append(1) or True)

@@ -11,6 +11,7 @@ from splitrl.core import precision as precision_module
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner import trainer as trainer_module
+from splitrl.learner.algorithms import vtrace
 from splitrl.learner.network import FusedAdam
 from splitrl.learner.settings import LearnerSettings
 from splitrl.learner.trainer import Batch, LossTerms, Rows, Trainer
@@ -129,9 +130,38 @@ def test_v_trace_takes_its_ratios_against_a_pass_in_the_training_precision():
     trainer = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
     advantages, returns, old_log_probs = trainer._advantages(data)
     rows = Rows.of(data, advantages, returns, old_log_probs)
-    with trainer._autocast():
-        distribution, _ = trainer.network(rows.inputs)
-    assert torch.equal(distribution.log_prob(rows.actions), rows.old_log_probs)
+    minibatch = len(rows) // settings.minibatches
+    for start in range(0, len(rows), minibatch):  # the passes an update's minibatches make, weights unchanged
+        taken = rows.take(torch.arange(start, start + minibatch))
+        with trainer._autocast():
+            distribution, _ = trainer.network(taken.inputs)
+        assert torch.equal(distribution.log_prob(taken.actions), taken.old_log_probs)
+
+
+def test_v_trace_evaluates_an_update_a_minibatch_of_rows_at_a_time_as_one_pass_would():
+    """The pass before a V-trace update runs the network on a minibatch's rows at a time (a whole CarRacing
+    update at once allocated blocks past glibc's heap limit, faulted in afresh at every update), and gives the
+    log-probs and values one pass over every row gives."""
+    torch.manual_seed(0)
+    data = batch(frames())
+    settings = LearnerSettings(mode="cloud", tls="plaintext", correction="vtrace", minibatches=4)
+    trainer = Trainer(cloud_network("cloud", MODEL, SPEC), settings)
+    sizes: list[int] = []
+    trainer.network.register_forward_pre_hook(lambda _, args: sizes.append(len(args[0])))
+    advantages, returns, old_log_probs = trainer._advantages(data)
+    rows = CHUNKS * (HORIZON + 1)
+    assert sizes == [rows // 4] * 4
+    with torch.no_grad():
+        distribution, values = trainer.network(data.inputs.reshape(rows, *data.inputs.shape[2:]))
+    actions = torch.cat([data.actions, data.actions[:, -1:]], dim=1).reshape(rows)
+    whole = distribution.log_prob(actions).reshape(CHUNKS, HORIZON + 1)[:, :-1]
+    torch.testing.assert_close(old_log_probs, whole)
+    expected = vtrace(
+        data.behaviour_log_probs, whole, data.rewards * settings.reward_scale, values.reshape(CHUNKS, HORIZON + 1),
+        data.dones, settings.gamma, lam=settings.gae_lambda,
+    )  # fmt: skip
+    torch.testing.assert_close(advantages, expected.pg_advantages)
+    torch.testing.assert_close(returns, expected.value_targets)
 
 
 def test_the_learning_rate_is_constant_unless_annealed_to_zero_over_the_given_steps():

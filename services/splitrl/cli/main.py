@@ -337,6 +337,9 @@ def _dump_stacks_on_sigusr1() -> None:
 
 
 def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace) -> int:
+    from splitrl.core.memory import one_heap
+
+    one_heap()  # before the service's imports start threads of their own (gRPC's, torch's)
     from splitrl.core import security
     from splitrl.core.ports import PortUnavailable
     from splitrl.core.service import run_service

@@ -15,7 +15,9 @@ faults its ~1,530 pages back in: 7.52 against 3.92 ms per agent step for 8 envs 
 (benchmarks/canvas_heap.py). `reuse_freed_blocks()` fixes the thresholds so such a block stays in the heap for
 the next draw, of any env of the process (8 envs then hold 65 MB resident instead of 59 released or 89 kept).
 The learner's trainer sets the same, for its minibatches' inputs and activations (CarRacing: 19 and 9 MB at
-every step): with glibc's dynamic thresholds a float32 minibatch step took ~84 instead of ~70 ms.
+every step): with glibc's dynamic thresholds a float32 minibatch step took ~84 instead of ~70 ms. Those
+thresholds hold for the main heap; a thread's own heap gives back its empty mappings whatever they say, so
+`splitrl serve` first puts every thread on the main heap (`one_heap`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable
 from functools import cache
 
 #: glibc's mallopt parameters (malloc.h).
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 #: Blocks up to this size come from the heap: a CarRacing canvas is 3.2 MB. glibc's default is dynamic, from
 #: 128 KB up to the largest block freed so far, capped at 32 MiB; fixing it lower would send the larger tensors
 #: of a PPO update in the same process (the bench's baselines: 4-19 MB) to fresh mappings, faulted in at every
@@ -48,12 +50,37 @@ def reuse_freed_blocks() -> bool:
     """Keep freed blocks up to REUSED_BLOCK_BYTES in this process's heap for the next allocation, and trim the
     heap only past HEAP_TRIM_BYTES free (glibc's mallopt; once per process). False where there is no mallopt
     (musl, macOS), and nothing is changed."""
-    libc = _libc()
-    mallopt = None if libc is None else getattr(libc, "mallopt", None)
+    mallopt = _mallopt()
     if mallopt is None:
         return False
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, REUSED_BLOCK_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, HEAP_TRIM_BYTES))
+
+
+def one_heap() -> bool:
+    """Every thread of this process allocates from its main heap (glibc's M_ARENA_MAX of 1), which keeps what
+    `reuse_freed_blocks` asks. False where there is no mallopt (musl, macOS), and nothing is changed.
+
+    Call it first thing in a process: a thread that allocated before keeps the heap it was given. glibc gives
+    each new thread a heap of its own (an arena) built of 64 MiB mappings, and unmaps a mapping as soon as it
+    is empty, whatever the trim threshold. A CarRacing V-trace learner's training thread mapped and unmapped one
+    16-18 times a second that way, faulting an update's blocks in afresh each time: 17,000-62,000 page faults
+    a second and 0.03-0.11 of a core in the kernel, against 500-2,000 and 0.01 on the main heap
+    (docs/throughput, session 46). Sharing the main heap's lock cost nothing those 2-core runs could tell
+    from their spread: a service runs one torch thread, and the small blocks of gRPC's and the event loop's
+    threads come from each thread's own cache (glibc's tcache) without the lock.
+    """
+    mallopt = _mallopt()
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, 1))
+
+
+@cache
+def _mallopt() -> Callable[[int, int], int] | None:
+    libc = _libc()
+    mallopt = None if libc is None else getattr(libc, "mallopt", None)  # glibc only: not in musl or macOS's libc
+    if mallopt is None:
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return mallopt  # type: ignore[no-any-return]
 
 
 @cache
