@@ -122,8 +122,8 @@ def test_a_train_precision_other_than_float32_or_bfloat16_is_refused_with_the_va
 
 def test_v_trace_takes_its_ratios_against_a_pass_in_the_training_precision():
     """With V-trace the ratio's denominator is the learner's own pass before the update: in the minibatches'
-    precision, so before any weight moves every ratio is exactly 1 (bfloat16 rounding would otherwise put
-    ~0.01 of noise into its log)."""
+    precision and row count, so before any weight moves every ratio is exactly 1 (bfloat16 rounding would
+    otherwise put ~0.01 of noise into its log)."""
     torch.manual_seed(0)
     data = batch(frames())
     settings = LearnerSettings(mode="cloud", tls="plaintext", correction="vtrace", train_precision="bfloat16")
@@ -131,8 +131,9 @@ def test_v_trace_takes_its_ratios_against_a_pass_in_the_training_precision():
     advantages, returns, old_log_probs = trainer._advantages(data)
     rows = Rows.of(data, advantages, returns, old_log_probs)
     minibatch = len(rows) // settings.minibatches
+    order = torch.randperm(len(rows))
     for start in range(0, len(rows), minibatch):  # the passes an update's minibatches make, weights unchanged
-        taken = rows.take(torch.arange(start, start + minibatch))
+        taken = rows.take(order[start : start + minibatch])
         with trainer._autocast():
             distribution, _ = trainer.network(taken.inputs)
         assert torch.equal(distribution.log_prob(taken.actions), taken.old_log_probs)
@@ -150,7 +151,8 @@ def test_v_trace_evaluates_an_update_a_minibatch_of_rows_at_a_time_as_one_pass_w
     trainer.network.register_forward_pre_hook(lambda _, args: sizes.append(len(args[0])))
     advantages, returns, old_log_probs = trainer._advantages(data)
     rows = CHUNKS * (HORIZON + 1)
-    assert sizes == [rows // 4] * 4
+    minibatch = CHUNKS * HORIZON // 4  # an update's minibatch: its rows leave out each chunk's bootstrap step
+    assert sizes == [minibatch] * (rows // minibatch) + [rows % minibatch]
     with torch.no_grad():
         distribution, values = trainer.network(data.inputs.reshape(rows, *data.inputs.shape[2:]))
     actions = torch.cat([data.actions, data.actions[:, -1:]], dim=1).reshape(rows)

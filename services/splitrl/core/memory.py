@@ -15,9 +15,9 @@ faults its ~1,530 pages back in: 7.52 against 3.92 ms per agent step for 8 envs 
 (benchmarks/canvas_heap.py). `reuse_freed_blocks()` fixes the thresholds so such a block stays in the heap for
 the next draw, of any env of the process (8 envs then hold 65 MB resident instead of 59 released or 89 kept).
 The learner's trainer sets the same, for its minibatches' inputs and activations (CarRacing: 19 and 9 MB at
-every step): with glibc's dynamic thresholds a float32 minibatch step took ~84 instead of ~70 ms. Those
-thresholds hold for the main heap; a thread's own heap gives back its empty mappings whatever they say, so
-`splitrl serve` first puts every thread on the main heap (`one_heap`).
+every step): with glibc's dynamic thresholds a float32 minibatch step took ~84 instead of ~70 ms. A thread's
+own heap (a glibc arena) grows by further 64 MiB mappings and unmaps each as soon as it is empty, whatever
+the trim threshold, so `splitrl serve` first puts every thread on the main heap (`one_heap`).
 """
 
 from __future__ import annotations
@@ -57,12 +57,14 @@ def reuse_freed_blocks() -> bool:
 
 
 def one_heap() -> bool:
-    """Every thread of this process allocates from its main heap (glibc's M_ARENA_MAX of 1), which keeps what
-    `reuse_freed_blocks` asks. False where there is no mallopt (musl, macOS), and nothing is changed.
+    """Threads that first allocate after this call do so from the process's main heap (glibc's M_ARENA_MAX of
+    1), which keeps what `reuse_freed_blocks` asks. False where there is no mallopt (musl, macOS), and nothing
+    is changed.
 
-    Call it first thing in a process: a thread that allocated before keeps the heap it was given. glibc gives
-    each new thread a heap of its own (an arena) built of 64 MiB mappings, and unmaps a mapping as soon as it
-    is empty, whatever the trim threshold. A CarRacing V-trace learner's training thread mapped and unmapped one
+    Call it first thing in a process: a thread that allocated before keeps the heap it was given, and later
+    threads are handed that heap in turn with the main one. By default glibc gives each new thread a heap of its
+    own (an arena), which grows by further 64 MiB mappings and unmaps each as soon as it is empty, whatever
+    the trim threshold. A CarRacing V-trace learner's training thread mapped and unmapped one
     16-18 times a second that way, faulting an update's blocks in afresh each time: 17,000-62,000 page faults
     a second and 0.03-0.11 of a core in the kernel, against 500-2,000 and 0.01 on the main heap
     (docs/throughput, session 46). Sharing the main heap's lock cost nothing those 2-core runs could tell

@@ -378,7 +378,11 @@ class Trainer:
         chunks, horizon = batch.rewards.shape
         inputs = batch.inputs.reshape(chunks * (horizon + 1), *batch.inputs.shape[2:])
         actions = torch.cat([batch.actions, batch.actions[:, -1:]], dim=1)  # pad: the bootstrap row has no action
-        target_log_probs, values = self._evaluate(inputs, actions.reshape(len(inputs), *batch.actions.shape[2:]))
+        target_log_probs, values = self._evaluate(
+            inputs,
+            actions.reshape(len(inputs), *batch.actions.shape[2:]),
+            rows_at_once=max(1, chunks * horizon // s.minibatches),  # the size of `update`'s minibatches
+        )
         values = values.reshape(chunks, horizon + 1)
         target_log_probs = target_log_probs.reshape(chunks, horizon + 1)[:, :-1]
         result = vtrace(
@@ -387,15 +391,18 @@ class Trainer:
         return result.pg_advantages, result.value_targets, target_log_probs
 
     @torch.no_grad()
-    def _evaluate(self, inputs: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The current network's log-probs of `actions` and its values on `inputs` ([N] each), a minibatch's
-        rows at a time: a whole update's frames at once (CarRacing: 528 rows, 78 MB as float32, 36 MB after
-        the first convolution) are blocks past glibc's 32 MiB heap limit, mapped and faulted in afresh at
-        every update."""
-        rows = max(1, len(inputs) // self.settings.minibatches)
+    def _evaluate(
+        self, inputs: torch.Tensor, actions: torch.Tensor, rows_at_once: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The current network's log-probs of `actions` and its values on `inputs` ([N] each), `rows_at_once`
+        rows at a time. A whole CarRacing update at once (528 rows) made blocks of 78 MB (its frames as
+        float32) and 36 MB (the first convolution's output), over glibc's 32 MiB mmap threshold
+        (core.memory.REUSED_BLOCK_BYTES): mapped afresh and faulted in at every update."""
         log_probs, values = [], []
-        with self._autocast():  # the minibatches' precision, so each update's ratios start at exactly 1
-            for part, part_actions in zip(inputs.split(rows), actions.split(rows), strict=True):
+        # The minibatches' precision and row count, so each update's ratios start at 1 (bfloat16 rounding, and
+        # kernels chosen by row count, would otherwise put noise into the ratios' logs before any weight moves).
+        with self._autocast():
+            for part, part_actions in zip(inputs.split(rows_at_once), actions.split(rows_at_once), strict=True):
                 distribution, part_values = self.network(part)
                 log_probs.append(distribution.log_prob(part_actions))
                 values.append(part_values)
