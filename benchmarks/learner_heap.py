@@ -12,7 +12,7 @@ one torch thread) in such a thread, in a fresh process (the heap settings are pr
 - one heap: as `splitrl serve` runs, core.memory.one_heap() first, every thread on the main heap.
 
 Prints the median ms per update after the first, and minor page faults and kernel CPU ms per update. Alone in
-its process the training thread's heap keeps its mappings (2-700 faults per update): the mapping and unmapping
+its process the training thread's heap keeps its mappings (2-708 faults per update here): the mapping and unmapping
 of whole 64 MiB mappings that one_heap() stopped showed in `splitrl serve learner`, beside its event loop's and
 gRPC's allocations, and is measured there (/proc, docs/throughput "Session 46").
 """

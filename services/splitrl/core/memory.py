@@ -64,10 +64,10 @@ def one_heap() -> bool:
     Call it first thing in a process: a thread that allocated before keeps the heap it was given, and later
     threads are handed that heap in turn with the main one. By default glibc gives each new thread a heap of its
     own (an arena), which grows by further 64 MiB mappings and unmaps each as soon as it is empty, whatever
-    the trim threshold. A CarRacing V-trace learner's training thread mapped and unmapped one
-    16-18 times a second that way, faulting an update's blocks in afresh each time: 17,000-62,000 page faults
-    a second and 0.03-0.11 of a core in the kernel, against 500-2,000 and 0.01 on the main heap
-    (docs/throughput, session 46). Sharing the main heap's lock cost nothing those 2-core runs could tell
+    the trim threshold. A CarRacing V-trace learner's training thread made and unmapped 16-18 such mappings
+    a second, faulting an update's blocks in afresh each time: 17,000-62,000 page faults a second and
+    0.03-0.11 of a core in the kernel, against 500-2,000 and 0.01 on the main heap (docs/throughput,
+    session 46). Sharing the main heap's lock cost nothing those 2-core runs could tell
     from their spread: a service runs one torch thread, and the small blocks of gRPC's and the event loop's
     threads come from each thread's own cache (glibc's tcache) without the lock.
     """
