@@ -11,6 +11,21 @@ import pytest
 from splitrl.core import memory
 from splitrl.core.memory import FreedMemory
 
+
+def run_fresh(script: str, *args: str) -> str:
+    """`script` run by a fresh Python (the heap settings are process-wide and once only) with no malloc settings
+    from this environment; its stdout."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env={k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
 #: In a fresh process with glibc's heap pinned (no mmap for these sizes, no trimming by free() itself), free
 #: 400 buffers of 300 KB lying between 400 kept ones of 70 KB: the edge's pattern (stacks freed, frames kept).
 #: Their 117 MB stay resident until trimmed. Prints resident MiB before and after release_free_memory().
@@ -66,15 +81,7 @@ print(reuse_freed_blocks(), default, faults_of_draws())
 
 
 def test_a_block_freed_at_every_step_is_reused_not_faulted_back_in():
-    result = subprocess.run(
-        [sys.executable, "-c", CANVAS_SCRIPT],
-        env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    applied, default_faults, reused_faults = result.stdout.split()
+    applied, default_faults, reused_faults = run_fresh(CANVAS_SCRIPT).split()
     if applied == "False":  # not glibc: nothing set
         return
     # Each draw faults ~1,560 pages (6.4 MB) back in with glibc's defaults; reused, only the first does.
@@ -120,15 +127,7 @@ print(applied, faults[0])
 @pytest.mark.skipif(sys.platform != "linux", reason="per-thread page faults (RUSAGE_THREAD) and glibc's heaps")
 def test_a_threads_freed_blocks_stay_in_the_one_heap_instead_of_mappings_made_and_unmapped():
     def run(variant: str) -> tuple[str, int]:
-        result = subprocess.run(
-            [sys.executable, "-c", THREAD_HEAP_SCRIPT, variant],
-            env={k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 0, result.stderr
-        applied, faults = result.stdout.split()
+        applied, faults = run_fresh(THREAD_HEAP_SCRIPT, variant).split()
         return applied, int(faults)
 
     applied, one_heap_faults = run("one-heap")
@@ -170,15 +169,8 @@ with tempfile.NamedTemporaryFile(suffix=".xml") as report:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_info")
 def test_splitrl_serve_keeps_every_thread_on_one_heap_from_its_start():
-    result = subprocess.run(
-        [sys.executable, "-c", SERVE_HEAPS_SCRIPT],
-        env={k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["1"], result.stdout
+    heaps = run_fresh(SERVE_HEAPS_SCRIPT)
+    assert heaps.split() == ["1"], heaps
 
 
 def test_freed_memory_trims_once_the_counted_bytes_reach_the_threshold(monkeypatch):

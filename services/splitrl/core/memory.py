@@ -75,24 +75,24 @@ def one_heap() -> bool:
     return mallopt is not None and bool(mallopt(_M_ARENA_MAX, 1))
 
 
-@cache
 def _mallopt() -> Callable[[int, int], int] | None:
-    libc = _libc()
-    mallopt = None if libc is None else getattr(libc, "mallopt", None)  # glibc only: not in musl or macOS's libc
-    if mallopt is None:
-        return None
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return mallopt  # type: ignore[no-any-return]
+    return _glibc_function("mallopt", ctypes.c_int, ctypes.c_int)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    return _glibc_function("malloc_trim", ctypes.c_size_t)
 
 
 @cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc_function(name: str, *argtypes: type) -> Callable[..., int] | None:
+    """libc's function `name`, taking `argtypes` and returning an int; None where the C library lacks it (the
+    malloc tuning functions are glibc's: not in musl or macOS's libc)."""
     libc = _libc()
-    trim = None if libc is None else getattr(libc, "malloc_trim", None)  # glibc only: not in musl or macOS's libc
-    if trim is None:
+    function = None if libc is None else getattr(libc, name, None)
+    if function is None:
         return None
-    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
-    return trim  # type: ignore[no-any-return]
+    function.argtypes, function.restype = list(argtypes), ctypes.c_int
+    return function  # type: ignore[no-any-return]
 
 
 def release_free_memory() -> bool:

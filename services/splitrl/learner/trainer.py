@@ -214,7 +214,7 @@ class Trainer:
         entropy_coef = self.entropy_coef_at(version, steps_per_update)
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
-        minibatch = max(1, len(rows) // s.minibatches)
+        minibatch = self._minibatch_rows(len(rows))
         terms: list[LossTerms] = []
         optimizer_steps = 0
         for epoch in range(s.epochs):
@@ -235,6 +235,10 @@ class Trainer:
             learning_rate=learning_rate,
             entropy_coef=entropy_coef,
         )
+
+    def _minibatch_rows(self, update_rows: int) -> int:
+        """Rows in each minibatch of an update of `update_rows` rows (the last may hold fewer)."""
+        return max(1, update_rows // self.settings.minibatches)
 
     def learning_rate_at(self, version: int, steps_per_update: int) -> float:
         """Adam's learning rate for the update after `version` updates of `steps_per_update` agent steps:
@@ -381,7 +385,7 @@ class Trainer:
         target_log_probs, values = self._evaluate(
             inputs,
             actions.reshape(len(inputs), *batch.actions.shape[2:]),
-            rows_at_once=max(1, chunks * horizon // s.minibatches),  # the size of `update`'s minibatches
+            rows_at_once=self._minibatch_rows(chunks * horizon),  # `update`'s minibatches: no bootstrap rows
         )
         values = values.reshape(chunks, horizon + 1)
         target_log_probs = target_log_probs.reshape(chunks, horizon + 1)[:, :-1]
