@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -86,6 +87,59 @@ async def test_inference_refuses_bad_weights_and_keeps_its_version():
             assert "older than 7" in raised.value.details()
             assert inference.policy.version == 7
     finally:
+        await stack.stop()
+
+
+async def test_edge_streams_are_answered_while_inference_decodes_new_weights(monkeypatch):
+    """Weights are metered, decoded and checked off the event loop: CarRacing's took 12-23 ms an update, which
+    on the loop held every Act stream's answer. Here decoding is held until three more answers went out; on
+    the loop it would hold the loop (this test's coroutine too) until its bounded wait ran out."""
+    decoding, release, decoded = threading.Event(), threading.Event(), threading.Event()
+    decode = weights.from_proto
+
+    def held_decode(message, reference):
+        decoding.set()
+        release.wait(timeout=10)  # bounded: on the loop it holds this test's coroutine too, then lets it go on
+        decoded.set()
+        return decode(message, reference)
+
+    monkeypatch.setattr(weights, "from_proto", held_decode)
+    stack = await Stack.start("split", num_envs=1, steps=0)
+    try:
+        inference = stack.inference
+
+        def answered() -> int:
+            links = scrape.link_counts([stack.scrape()["inference"]])
+            if "encoder-inference" not in links:
+                return 0
+            return links["encoder-inference"]["rollout"]["action"]["sent"]["messages"]
+
+        async def answered_at_least(count: int) -> int:
+            for _ in range(300):  # bounded: at most ~30 s
+                if answered() >= count:
+                    break
+                await asyncio.sleep(0.1)
+            return answered()
+
+        assert await answered_at_least(1) >= 1, "the edge's stream never began"
+        async with rpc.insecure_channel(address(stack.hosts["inference"])) as channel:
+            call = weights_pb2_grpc.PolicyUpdatesStub(channel).Publish()
+            changed = {name: value + 1.0 for name, value in inference.policy.network.state_dict().items()}
+            await call.write(weights.to_proto(5, changed))
+            for _ in range(300):  # bounded: at most ~30 s
+                if decoding.is_set():
+                    break
+                await asyncio.sleep(0.1)
+            assert decoding.is_set(), "inference never began decoding the weights"
+            before = answered()
+            answered_meanwhile = await answered_at_least(before + 3) - before
+            assert not decoded.is_set(), "the event loop waited for the weights' decoding"
+            release.set()
+            assert answered_meanwhile >= 3
+            assert (await call.read()).version == 5
+            assert inference.policy.version == 5
+    finally:
+        release.set()
         await stack.stop()
 
 
