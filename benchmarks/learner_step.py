@@ -22,9 +22,10 @@ import torch
 from splitrl.core.config import Precision
 from splitrl.core.envs import action_spec_of
 from splitrl.core.precision import PRECISIONS, cpu_has_native_bfloat16, precisions_of
+from splitrl.learner.batch import Batch
 from splitrl.learner.network import learner_network
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer
+from splitrl.learner.trainer import Trainer
 
 HORIZON = 32  # steps per chunk, as the CarRacing recipe's unroll_length
 

@@ -7,7 +7,7 @@ import math
 import torch
 
 from splitrl.core.trajectory import TrajectoryTensors
-from splitrl.learner.trainer import Batch
+from splitrl.learner.batch import Batch
 from splitrl.v1 import replay_pb2
 
 

@@ -21,10 +21,11 @@ from splitrl.core.metrics import Metrics
 from splitrl.core.models import cloud_network
 from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.learner import service as learner_service
+from splitrl.learner.batch import Batch
 from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer
+from splitrl.learner.trainer import Trainer
 from tests.chunks import training_batch
 from tests.integration.ranks import run_ranks
 

@@ -29,9 +29,10 @@ from splitrl.core.framestack import FrameStacker
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.trajectories import TrajectoryCutter
+from splitrl.learner.batch import Batch
 from splitrl.learner.network import to_training_layout
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, Trainer
+from splitrl.learner.trainer import Trainer
 from splitrl.run.plan import shared_values
 from splitrl.run.settings import RunSettings
 

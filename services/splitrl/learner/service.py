@@ -31,6 +31,7 @@ from splitrl.core.backoff import Backoff
 from splitrl.core.metrics import Metrics
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
+from splitrl.learner.batch import Batch
 from splitrl.learner.distributed import DataParallel, weights_checksum
 from splitrl.learner.edge_relay import EdgeRelay
 from splitrl.learner.edges import EdgeLinks
@@ -38,7 +39,7 @@ from splitrl.learner.network import learner_network
 from splitrl.learner.publisher import WeightsBroadcast
 from splitrl.learner.sampler import ReplaySampler, SampledChunk
 from splitrl.learner.settings import LearnerSettings
-from splitrl.learner.trainer import Batch, EdgeTraining, Trainer, UpdateStats
+from splitrl.learner.trainer import EdgeTraining, Trainer, UpdateStats
 from splitrl.replay.selectors import importance_weights
 from splitrl.v1 import training_pb2_grpc
 
