@@ -99,7 +99,7 @@ async def test_edge_streams_are_answered_while_inference_decodes_new_weights(mon
 
     def held_decode(message, reference):
         decoding.set()
-        release.wait(timeout=10)  # bounded: on the loop it holds this test's coroutine too, then lets it go on
+        release.wait(timeout=60)  # bounded, and past the answers' 30 s: on the loop it holds this test's coroutine
         decoded.set()
         return decode(message, reference)
 

@@ -67,7 +67,7 @@ def test_frames_are_put_in_the_convolutions_layout_once_and_rows_taken_from_them
     """The training layout's encoder reorders uint8 frames to channels-last (acting's leaves them as they are);
     frames already in it are the same tensor, not a copy, and the activations match the acting layout's. That a
     minibatch's rows keep the layout (so Trainer.update reorders an update's frames once, not at every minibatch)
-    is Rows.take's test, in test_trainer."""
+    is Rows.take's test, in test_batch."""
     torch.manual_seed(0)
     acting = cloud_network("cloud", MODEL, SPEC)
     training = to_training_layout(cloud_network("cloud", MODEL, SPEC))

@@ -8,6 +8,7 @@ import torch
 
 from splitrl.core.config import Mode
 from splitrl.core.models import cloud_network
+from splitrl.core.rpc import BadRequest
 from splitrl.core.spec import ActionSpec, ModelConfig
 
 
@@ -35,7 +36,11 @@ class Policy:
         self._generator = torch.Generator().manual_seed(seed)
 
     def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Swap in new weights (validated by the caller); later batches act with them as `version`."""
+        """Swap in new weights (validated by the caller); later batches act with them as `version`. A version older
+        than the current one is refused (BadRequest), so versions never go back, whichever stream brought them;
+        the same version again is taken: a learner resumed from its checkpoint re-publishes it."""
+        if version < self.version:
+            raise BadRequest(f"Weights.version {version} is older than {self.version}")
         self.network.load_state_dict(state_dict)
         self.version = version
 

@@ -105,8 +105,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._weights_decoding.shutdown(wait=True)  # it feeds the policy executor
         self._executor.shutdown(wait=True)
-        self._weights_decoding.shutdown(wait=True)
         if self._decoding is not None:
             self._decoding.shutdown(wait=True)
 
@@ -171,11 +171,9 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             yield ack
 
     def _received_weights(self, message: weights_pb2.Weights) -> dict[str, torch.Tensor]:
-        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError)."""
+        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError).
+        Its version is checked where it is swapped in (Policy.load)."""
         self.weights_meter.received(message, phase="weights", payload="weights")
-        # The same version again is accepted: a learner resumed from its checkpoint re-publishes it.
-        if message.version < self.policy.version:
-            raise BadRequest(f"Weights.version {message.version} is older than {self.policy.version}")
         return weights.from_proto(message, self.policy.network.state_dict())
 
 

@@ -1,0 +1,28 @@
+"""Inference's Policy (inference.policy): the versions it swaps in never go back, whichever stream brings them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from splitrl.core.rpc import BadRequest
+from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.inference.policy import Policy
+
+MODEL = ModelConfig(2, 36, 16, "relu")
+
+
+def shifted(policy: Policy, by: float) -> dict[str, torch.Tensor]:
+    return {name: value + by for name, value in policy.network.state_dict().items()}
+
+
+def test_an_older_version_is_refused_and_changes_nothing_and_the_same_one_again_is_taken():
+    policy = Policy("split", MODEL, ActionSpec("discrete", 3), seed=0)
+    newer = shifted(policy, 1.0)
+    policy.load(newer, version=3)
+    with pytest.raises(BadRequest, match=r"Weights\.version 2 is older than 3"):
+        policy.load(shifted(policy, 5.0), version=2)
+    assert policy.version == 3
+    assert all(torch.equal(policy.network.state_dict()[name], value) for name, value in newer.items())
+    policy.load(shifted(policy, 1.0), version=3)  # a learner resumed from its checkpoint re-publishes its version
+    assert policy.version == 3
