@@ -165,7 +165,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             state = await loop.run_in_executor(self._weights_decoding, self._received_weights, message)
             # The policy executor runs one batch at a time, so the swap lands between two batches.
             await loop.run_in_executor(self._executor, self.policy.load, state, message.version)
-            self.metrics.policy_version.set(message.version)
+            self.metrics.policy_version.set(self.policy.version)  # the newest swapped in, whichever stream swapped last
             ack = weights_pb2.WeightsAck(version=message.version)
             self.weights_meter.sent(ack, phase="weights", payload="ack")
             yield ack
