@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -114,25 +115,23 @@ async def test_edge_streams_are_answered_while_inference_decodes_new_weights(mon
                 return 0
             return links["encoder-inference"]["rollout"]["action"]["sent"]["messages"]
 
-        async def answered_at_least(count: int) -> int:
+        async def until(condition: Callable[[], bool]) -> None:
             for _ in range(300):  # bounded: at most ~30 s
-                if answered() >= count:
-                    break
+                if condition():
+                    return
                 await asyncio.sleep(0.1)
-            return answered()
 
-        assert await answered_at_least(1) >= 1, "the edge's stream never began"
+        await until(lambda: answered() >= 1)
+        assert answered() >= 1, "the edge's stream never began"
         async with rpc.insecure_channel(address(stack.hosts["inference"])) as channel:
             call = weights_pb2_grpc.PolicyUpdatesStub(channel).Publish()
             changed = {name: value + 1.0 for name, value in inference.policy.network.state_dict().items()}
             await call.write(weights.to_proto(5, changed))
-            for _ in range(300):  # bounded: at most ~30 s
-                if decoding.is_set():
-                    break
-                await asyncio.sleep(0.1)
+            await until(decoding.is_set)
             assert decoding.is_set(), "inference never began decoding the weights"
             before = answered()
-            answered_meanwhile = await answered_at_least(before + 3) - before
+            await until(lambda: answered() >= before + 3)
+            answered_meanwhile = answered() - before
             assert not decoded.is_set(), "the event loop waited for the weights' decoding"
             release.set()
             assert answered_meanwhile >= 3
