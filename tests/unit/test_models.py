@@ -90,27 +90,6 @@ def test_with_channels_last_weights_the_frames_reach_the_first_convolution_chann
     assert all(torch.equal(g, p.grad) for g, p in zip(gradients, encoder.parameters(), strict=True))
 
 
-@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_the_last_relu_after_the_flatten_gives_the_numbers_of_relu_then_flatten(layout):
-    """conv_stack flattens before its last ReLU (faster backward in the learner's channels-last layout): forward
-    and backward must be bit for bit those of the usual order, and checkpoints must keep their parameter names."""
-    torch.manual_seed(0)
-    encoder = Encoder(width=4096).to(memory_format=layout)
-    convolutions = encoder.net[0]
-    usual = nn.Sequential(*convolutions[:5], nn.ReLU(), nn.Flatten())
-    frames = unit_range(encoder.in_layout(stacks()))
-    ours, theirs = convolutions(frames), usual(frames)
-    assert torch.equal(ours, theirs)
-    ours.square().sum().backward()
-    gradients = [p.grad.clone() for p in convolutions.parameters()]
-    convolutions.zero_grad()
-    theirs.square().sum().backward()
-    assert all(torch.equal(g, p.grad) for g, p in zip(gradients, convolutions.parameters(), strict=True))
-    assert [name for name, _ in encoder.named_parameters()] == [
-        f"net.0.{index}.{kind}" for index in (0, 2, 4) for kind in ("weight", "bias")
-    ]
-
-
 def test_with_contiguous_weights_the_frames_keep_their_layout():
     """Inference and the edge act on a few rows, where channels-last was slower (docs/throughput/
     carracing-channels-last): their encoders keep the layout the frames come in."""
