@@ -8,6 +8,11 @@ frame stacks (advantages, forward, backward, gradient clip, Adam), the learner's
 precisions take turns in one process, so machine noise falls on both alike; the first `--warmup` steps of
 each are left out (oneDNN builds its kernels on first use). Advantages are GAE's: with V-trace each update
 also runs one forward pass over all its rows, in the same precision.
+
+`--profile-steps N` then runs N more steps of each precision under torch's profiler and prints the ops with
+the most CPU time of their own, per step, by input shape: where a step's time goes (docs/throughput,
+session 48). A step here is a whole update of one minibatch, so the update's own copies (its rows put in
+layout, the bootstrap rows dropped) count once per step, where the learner's 16 minibatches share them.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from splitrl.core.config import Precision
 from splitrl.core.envs import action_spec_of
@@ -74,22 +80,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=12, help="timed steps per precision")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per precision first")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, of {PRECISIONS}")
+    parser.add_argument("--profile-steps", type=int, default=0, help="steps per precision to profile after timing")
+    parser.add_argument("--profile-top", type=int, default=15, help="ops listed per precision when profiling")
     args = parser.parse_args()
     try:
         precisions = precisions_of(args.precisions)
     except ValueError as error:
         raise SystemExit(f"--precisions: {error}") from None
+    if args.profile_steps < 0 or args.profile_top < 1:
+        got = f"{args.profile_steps}, {args.profile_top}"
+        raise SystemExit(f"--profile-steps must be >= 0 and --profile-top >= 1, got {got}")
     torch.set_num_threads(args.threads)
     actions = action_spec_of(args.env, {"continuous": False}).size
     batch = minibatch(args.rows, args.frame_stack, args.frame_size, actions)
     trainers = {precision: trainer(precision, args) for precision in precisions}
-    timings: dict[str, list[float]] = {precision: [] for precision in precisions}
-    for repeat in range(args.warmup + args.repeats):
-        for precision, learner in trainers.items():
-            started = time.perf_counter()
-            learner.update(batch, version=0)
-            if repeat >= args.warmup:
-                timings[precision].append((time.perf_counter() - started) * 1e3)
+    timings = time_steps(trainers, batch, args.warmup, args.repeats)
     print(
         f"one minibatch step: {args.rows} rows of {args.frame_stack} x {args.frame_size} x {args.frame_size}, "
         f"width {args.width}, {args.threads} torch thread(s), {args.repeats} steps each; "
@@ -101,6 +106,42 @@ def main() -> None:
     for precision, times in timings.items():
         median = statistics.median(times)
         print(f"| {precision} | {median:.1f} | {min(times):.1f} | {reference / median:.2f} |")
+    if args.profile_steps:
+        print_profile(trainers, batch, args.profile_steps, args.profile_top)
+
+
+def time_steps(
+    trainers: dict[Precision, Trainer], batch: Batch, warmup: int, repeats: int
+) -> dict[Precision, list[float]]:
+    """ms of each of `repeats` steps per precision, after `warmup` untimed ones; the precisions take turns."""
+    timings: dict[Precision, list[float]] = {precision: [] for precision in trainers}
+    for repeat in range(warmup + repeats):
+        for precision, learner in trainers.items():
+            started = time.perf_counter()
+            learner.update(batch, version=0)
+            if repeat >= warmup:
+                timings[precision].append((time.perf_counter() - started) * 1e3)
+    return timings
+
+
+def print_profile(trainers: dict[Precision, Trainer], batch: Batch, steps: int, top: int) -> None:
+    """Profile `steps` steps of each trainer; print its `top` ops by CPU time of their own (ms a step)."""
+    print(
+        f"\nwhere a step goes: torch's profiler over {steps} steps each, the {top} ops with most CPU time of their own"
+    )
+    print("| precision | op | input shapes | ms a step | calls a step |")
+    print("|---|---|---|---:|---:|")
+    for precision, learner in trainers.items():
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as profiled:
+            for _ in range(steps):
+                learner.update(batch, version=0)
+        ops = sorted(profiled.key_averages(group_by_input_shape=True), key=lambda op: -op.self_cpu_time_total)
+        for op in ops[:top]:
+            shapes = ", ".join(str(shape) for shape in op.input_shapes if shape) or "-"
+            print(
+                f"| {precision} | {op.key} | {shapes} | {op.self_cpu_time_total / 1e3 / steps:.2f} | "
+                f"{op.count / steps:g} |"
+            )
 
 
 if __name__ == "__main__":
