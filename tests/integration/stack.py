@@ -73,6 +73,7 @@ class Stack:
         env: str = FAST_ENV,
         env_kwargs: dict | None = None,
         learner: dict | None = None,
+        inference: dict | None = None,
         edge: dict | None = None,
         replay: dict | None = None,
         environment: dict | None = None,
@@ -102,7 +103,7 @@ class Stack:
         )
         overrides = {
             "replay": replay or {},
-            "inference": {},
+            "inference": inference or {},
             "learner": learner or {},
             "edge-encoder": edge or {},
             "environment": {"max_steps": steps, **(environment or {})},
