@@ -73,7 +73,6 @@ class Stack:
         env: str = FAST_ENV,
         env_kwargs: dict | None = None,
         learner: dict | None = None,
-        inference: dict | None = None,
         edge: dict | None = None,
         replay: dict | None = None,
         environment: dict | None = None,
@@ -103,7 +102,7 @@ class Stack:
         )
         overrides = {
             "replay": replay or {},
-            "inference": inference or {},
+            "inference": {},
             "learner": learner or {},
             "edge-encoder": edge or {},
             "environment": {"max_steps": steps, **(environment or {})},

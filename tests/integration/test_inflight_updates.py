@@ -19,11 +19,8 @@ from tests.integration.stack import FAST_ENV, Stack, address, start
 LEARNER = {"chunks_per_update": 4, "epochs": 1, "minibatches": 2, "max_policy_lag": 50}
 
 
-@pytest.mark.parametrize("policy_thread", [False, True])
-async def test_policy_version_advances_while_streams_stay_open(policy_thread):
-    stack = await Stack.start(
-        "split", num_envs=2, steps=0, unroll_length=8, learner=LEARNER, inference={"policy_thread": policy_thread}
-    )
+async def test_policy_version_advances_while_streams_stay_open():
+    stack = await Stack.start("split", num_envs=2, steps=0, unroll_length=8, learner=LEARNER)
     try:
         inference = stack.inference
         versions_seen = set()
@@ -34,7 +31,7 @@ async def test_policy_version_advances_while_streams_stay_open(policy_thread):
                 break
         assert inference.policy.version >= 3, "inference never received three updates"
         assert len(versions_seen) >= 2
-        for _ in range(50):  # the gauge is set once the swap is back on the event loop
+        for _ in range(50):  # the gauge is set once the swap's executor call returns to the event loop
             texts = stack.scrape()
             if scrape.total([texts["inference"]], "splitrl_policy_version") >= 3:
                 break

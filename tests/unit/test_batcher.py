@@ -1,5 +1,4 @@
-"""Inference's batching rule: a batch at once when the policy is free, or after a wait for more streams; the
-policy on the event loop or on a thread of its own (inference --policy-thread)."""
+"""Inference's batching rule: a batch at once when the policy is free, or after a wait for more streams."""
 
 from __future__ import annotations
 
@@ -24,14 +23,12 @@ class Policy:
 
     def __init__(self) -> None:
         self.batches: list[int] = []
-        self.threads: list[int] = []  # the thread each batch ran on
         self.running = threading.Event()  # set while a batch is inside act
         self.release = threading.Event()
         self.release.set()
 
     def act(self, observations: torch.Tensor) -> Decisions:
         self.batches.append(observations.shape[0])
-        self.threads.append(threading.get_ident())
         self.running.set()
         self.release.wait(10)
         self.running.clear()
@@ -43,14 +40,11 @@ class Policy:
 
 @contextlib.asynccontextmanager
 async def batching(
-    policy: Policy, max_wait_s: float, open_streams: int, max_batch_size: int = 256, policy_thread: bool = True
+    policy: Policy, max_wait_s: float, open_streams: int, max_batch_size: int = 256
 ) -> AsyncIterator[Batcher]:
-    """A Batcher of `open_streams` streams, its loop running for the block; the policy on a thread of its own,
-    or on the event loop. (A test that holds a batch mid-act needs the thread: on the loop it would hold the test.)"""
+    """A Batcher of `open_streams` streams, its loop running for the block."""
     with ThreadPoolExecutor(1) as executor:
-        batcher = Batcher(
-            policy.act, executor if policy_thread else None, Metrics(CollectorRegistry()), max_batch_size, max_wait_s
-        )
+        batcher = Batcher(policy.act, executor, Metrics(CollectorRegistry()), max_batch_size, max_wait_s)
         batcher.open_streams = open_streams
         loop = asyncio.create_task(batcher.run())
         try:
@@ -82,10 +76,9 @@ async def test_without_a_wait_a_lone_request_runs_at_once_and_those_queued_meanw
         assert {d.policy_version for d in decided} == {3}
 
 
-@pytest.mark.parametrize("policy_thread", [True, False])
-async def test_with_a_wait_a_batch_waits_for_other_streams_then_runs_without_them(policy_thread):
+async def test_with_a_wait_a_batch_waits_for_other_streams_then_runs_without_them():
     policy = Policy()
-    async with batching(policy, max_wait_s=1.0, open_streams=2, policy_thread=policy_thread) as batcher:
+    async with batching(policy, max_wait_s=1.0, open_streams=2) as batcher:
         first = asyncio.create_task(batcher.submit(rows(1)))
         await asyncio.sleep(0.05)
         await asyncio.wait_for(asyncio.gather(first, batcher.submit(rows(2))), 5)
@@ -96,10 +89,9 @@ async def test_with_a_wait_a_batch_waits_for_other_streams_then_runs_without_the
         assert policy.batches == [2, 1]
 
 
-@pytest.mark.parametrize("policy_thread", [True, False])
-async def test_with_a_wait_a_batch_every_open_stream_is_in_runs_at_once(policy_thread):
+async def test_with_a_wait_a_batch_every_open_stream_is_in_runs_at_once():
     policy = Policy()
-    async with batching(policy, max_wait_s=30.0, open_streams=2, policy_thread=policy_thread) as batcher:
+    async with batching(policy, max_wait_s=30.0, open_streams=2) as batcher:
         await asyncio.wait_for(asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2))), 5)
         assert policy.batches == [2]
 
@@ -118,37 +110,21 @@ async def test_a_batch_takes_no_more_than_max_batch_size_rows_unless_one_request
         assert [d.actions.tolist() for d in decided] == [[0], [2, 3], [2, 3], [4, 5, 6, 7]]
 
 
-@pytest.mark.parametrize("policy_thread", [True, False])
-async def test_a_failed_batch_fails_its_callers_and_the_next_batch_runs(policy_thread):
+async def test_a_failed_batch_fails_its_callers_and_the_next_batch_runs():
     policy = Policy()
-    async with batching(policy, max_wait_s=0.0, open_streams=1, policy_thread=policy_thread) as batcher:
+    async with batching(policy, max_wait_s=0.0, open_streams=1) as batcher:
         with pytest.raises(ValueError, match="a negative row"):
             await asyncio.wait_for(batcher.submit(rows(-1)), 5)
         assert (await asyncio.wait_for(batcher.submit(rows(5)), 5)).actions.tolist() == [5]
 
 
-@pytest.mark.parametrize("policy_thread", [True, False])
-async def test_rows_of_another_shape_fail_their_batch_not_the_loop(policy_thread):
+async def test_rows_of_another_shape_fail_their_batch_not_the_loop():
     policy = Policy()
-    async with batching(policy, max_wait_s=30.0, open_streams=2, policy_thread=policy_thread) as batcher:
+    async with batching(policy, max_wait_s=30.0, open_streams=2) as batcher:
         with pytest.raises(RuntimeError, match="same number of dimensions"):
             await asyncio.wait_for(asyncio.gather(batcher.submit(rows(1)), batcher.submit(torch.ones(1, 2))), 5)
         batcher.open_streams = 1
         assert (await asyncio.wait_for(batcher.submit(rows(5)), 5)).actions.tolist() == [5]
-
-
-@pytest.mark.parametrize("policy_thread", [True, False])
-async def test_the_policy_runs_on_its_thread_or_on_the_event_loop_and_requests_queued_meanwhile_batch(policy_thread):
-    policy = Policy()
-    async with batching(policy, max_wait_s=0.0, open_streams=3, policy_thread=policy_thread) as batcher:
-        await asyncio.wait_for(batcher.submit(rows(1)), 5)
-        # Three streams submit before the batcher runs again (on the loop, a batch in compute holds it so):
-        # they go in one batch.
-        decided = await asyncio.wait_for(asyncio.gather(*(batcher.submit(rows(v)) for v in (2, 3, 4))), 5)
-        assert policy.batches == [1, 3]
-        assert [d.actions.tolist() for d in decided] == [[2], [3], [4]]
-    on_loop = [thread == threading.get_ident() for thread in policy.threads]
-    assert on_loop == [not policy_thread] * 2
 
 
 @pytest.mark.parametrize(("size", "wait", "queued"), [(0, 0.0, 1), (1, -0.5, 1), (1, 0.0, 0)])

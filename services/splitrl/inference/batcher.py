@@ -9,13 +9,6 @@ longer could not make it bigger). On 2 cores the wait only delayed acting:
 streams in env groups (environment --env-groups) come in turn, each while the
 others step their envs (docs/throughput, session 36).
 
-The policy runs where the service puts it (`on_policy`): on the event loop by
-default, one batch holding the loop for its compute, or on a thread of its
-own, the loop going on with other streams meanwhile (inference's
---policy-thread). On the 2-core machine cloud CarRacing acted for less CPU on
-the loop: the thread's hand-offs (queue, wake-ups, the GIL back and forth, the
-loop's self-pipe) cost more than the overlap gave (docs/throughput, session 50).
-
 Memory is bounded: at most `max_queued` requests wait in the queue, and one more
 taken from it but left for the next batch (it would have gone over
 `max_batch_size`); a stream that submits beyond that waits in `submit` (and so
@@ -31,23 +24,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import torch
 
 from splitrl.core.metrics import Metrics
 from splitrl.inference.policy import Decisions
-
-T = TypeVar("T")
-
-
-async def on_policy(executor: Executor | None, call: Callable[..., T], *args: object) -> T:
-    """`call(*args)` where the policy runs: on this event loop when `executor` is None (holding it until `call`
-    returns), else on the executor's thread. With one place for every policy call (a batch, a weights swap),
-    they run one at a time: a swap lands between two batches."""
-    if executor is None:
-        return call(*args)
-    return await asyncio.get_running_loop().run_in_executor(executor, call, *args)
 
 
 @dataclass
@@ -58,13 +39,12 @@ class _Request:
 
 
 class Batcher:
-    """Runs `act` on batches assembled from concurrent `submit` calls, on `executor`'s thread, or on the event loop
-    when it is None (`on_policy`)."""
+    """Runs `act` on batches assembled from concurrent `submit` calls, in `executor` (off the event loop)."""
 
     def __init__(
         self,
         act: Callable[[torch.Tensor], Decisions],
-        executor: Executor | None,
+        executor: Executor,
         metrics: Metrics,
         max_batch_size: int,
         max_wait_s: float,
@@ -119,7 +99,7 @@ class Batcher:
         try:  # rows of another shape than the batch's fail the batch's callers too
             observations = torch.cat([request.observations for request in batch])
             self._metrics.inference_batch_size.observe(observations.shape[0])
-            decisions = await on_policy(self._executor, self._act, observations)
+            decisions = await asyncio.get_running_loop().run_in_executor(self._executor, self._act, observations)
         except Exception as error:  # a failed batch fails its callers, not the loop
             for request in batch:
                 if not request.future.done():

@@ -27,7 +27,7 @@ from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.core.video import VideoDecodeError, VideoStreamDecoder
-from splitrl.inference.batcher import Batcher, on_policy
+from splitrl.inference.batcher import Batcher
 from splitrl.inference.policy import Decisions, Policy
 from splitrl.inference.replay_writer import ReplayWriter
 from splitrl.inference.settings import InferenceSettings
@@ -58,11 +58,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
         self.action_dtype, _ = codecs.action_wire(self.action_spec, 1)
         self.policy = Policy(settings.mode, self.model_config, self.action_spec, settings.seed)
-        #: Where the policy's calls run (batcher.on_policy): None, on the event loop.
-        self._executor = (
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy") if settings.policy_thread else None
-        )
-        # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
+        # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
         self._decoding = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="video") if self.stream_kind == "video" else None
         )
@@ -108,9 +105,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._weights_decoding.shutdown(wait=True)  # it feeds the policy
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        self._weights_decoding.shutdown(wait=True)  # it feeds the policy executor
+        self._executor.shutdown(wait=True)
         if self._decoding is not None:
             self._decoding.shutdown(wait=True)
 
@@ -167,9 +163,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         loop = asyncio.get_running_loop()
         async for message in request_iterator:
             state = await loop.run_in_executor(self._weights_decoding, self._received_weights, message)
-            # Where the batches run, one call at a time, so the swap lands between two batches (~1 ms for
-            # CarRacing's 8.7 MB).
-            await on_policy(self._executor, self.policy.load, state, message.version)
+            # The policy executor runs one batch at a time, so the swap lands between two batches.
+            await loop.run_in_executor(self._executor, self.policy.load, state, message.version)
             self.metrics.policy_version.set(self.policy.version)  # the newest swapped in, whichever stream swapped last
             ack = weights_pb2.WeightsAck(version=message.version)
             self.weights_meter.sent(ack, phase="weights", payload="ack")

@@ -45,13 +45,6 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
         "policy is free, with every request queued by then (more queue while it runs). More: the batch also waits, "
         "until every open stream is in, for streams whose envs are still stepping (larger batches, for a GPU).",
     )
-    policy_thread: bool = Field(
-        False,
-        description="Act on a thread of its own, so that the event loop reads, answers and records other streams "
-        "while a batch computes. Off: each batch (and each weights swap) runs on the event loop, which costs less "
-        "CPU per batch (no hand-off between threads) and holds the loop for one batch's compute; on: for batches "
-        "that take long (a large policy, many edges) on a machine with a core to spare.",
-    )
     max_queued_requests: int = Field(
         1024,
         ge=1,
