@@ -46,6 +46,7 @@ def read_bench(path: Path, reference: str) -> Bench:
         if cells[:2] == ["round", "ran first"]:
             suffix = f" x {reference}"
             columns = {index: cell.removesuffix(suffix) for index, cell in enumerate(cells) if cell.endswith(suffix)}
+            columns = columns or None  # a table of other references only: read as none
             continue
         if columns is None or not cells or not cells[0].isdigit():
             continue

@@ -97,6 +97,10 @@ def test_refuses_a_report_without_rounds_a_malformed_cell_and_too_few_resamples(
         refused.returncode == 2 and "'ran first' must be one of ('stacks', 'references'), got 'both'" in refused.stderr
     )
 
+    other_reference = pooled(malformed, "--reference", "sb3-zoo")
+    assert other_reference.returncode == 2 and "no round-by-round table with columns '<mode> x sb3-zoo'" in (
+        other_reference.stderr
+    )
     assert "No such file" in pooled(tmp_path / "missing.md").stderr
     too_few = pooled(plain, "--resamples", "10")
     assert too_few.returncode == 2 and "--resamples must be at least 100, got 10" in too_few.stderr
