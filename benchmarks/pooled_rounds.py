@@ -30,7 +30,6 @@ ORDERS = ("stacks", "references")  # which ran first in a round
 class Bench:
     """One report: per stack mode and measure, its rounds' ratios to the reference (multiples, in round order)."""
 
-    path: Path
     rounds: dict[tuple[str, str], list[float]]
     ran_first: dict[tuple[str, str], list[str]]  # per ratio in `rounds`: "stacks" or "references"
 
@@ -63,7 +62,7 @@ def read_bench(path: Path, reference: str) -> Bench:
                     ran_first.setdefault((mode, measure), []).append(cells[1])
     if not rounds:
         raise ValueError(f"{path}: no round-by-round table with columns '<mode> x {reference}'")
-    return Bench(path, rounds, ran_first)
+    return Bench(rounds, ran_first)
 
 
 def interval(values: list[float], resamples: int, seed: int) -> tuple[float, float]:
