@@ -18,28 +18,29 @@ import random
 import re
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 CELL = re.compile(r"^(?P<frames>[\d.]+) / (?P<updates>[\d.]+|-)$")
 MEASURES = ("frames", "updates")
 ORDERS = ("stacks", "references")  # which ran first in a round
 
 
-@dataclass(frozen=True)
-class Bench:
-    """One report: per stack mode and measure, its rounds' ratios to the reference (multiples, in round order)."""
+class Round(NamedTuple):
+    """One round's ratio of a stack to the reference (a multiple), and which side ran first in it."""
 
-    rounds: dict[tuple[str, str], list[float]]
-    ran_first: dict[tuple[str, str], list[str]]  # per ratio in `rounds`: "stacks" or "references"
+    ratio: float
+    ran_first: str  # one of ORDERS
+
+
+Bench = dict[tuple[str, str], list[Round]]  # one report: per (stack mode, measure), its rounds in order
 
 
 def read_bench(path: Path, reference: str) -> Bench:
     """The round-by-round table of one report, its columns "<mode> x <reference>"; ValueError (naming the file)
     if it has none or a row is malformed. A round's updates/s read "-" (fewer than 2 updates) is left out."""
     columns: dict[int, str] | None = None  # cell index -> stack mode, in the table being read
-    rounds: dict[tuple[str, str], list[float]] = {}
-    ran_first: dict[tuple[str, str], list[str]] = {}
+    rounds: Bench = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")] if line.startswith("|") else []
         if cells[:2] == ["round", "ran first"]:
@@ -58,11 +59,10 @@ def read_bench(path: Path, reference: str) -> Bench:
                 raise ValueError(f"{path}:{number}: not 'frames / updates': {cells[index]!r}")
             for measure in MEASURES:
                 if (value := ratio[measure]) != "-":
-                    rounds.setdefault((mode, measure), []).append(float(value))
-                    ran_first.setdefault((mode, measure), []).append(cells[1])
+                    rounds.setdefault((mode, measure), []).append(Round(float(value), cells[1]))
     if not rounds:
         raise ValueError(f"{path}: no round-by-round table with columns '<mode> x {reference}'")
-    return Bench(rounds, ran_first)
+    return rounds
 
 
 def interval(values: list[float], resamples: int, seed: int) -> tuple[float, float]:
@@ -74,7 +74,7 @@ def interval(values: list[float], resamples: int, seed: int) -> tuple[float, flo
 
 def report(benches: list[Bench], reference: str, target: float, resamples: int, seed: int) -> str:
     """Two markdown tables: per (mode, measure) the benches' medians pooled, then every round by its order."""
-    keys = sorted({key for bench in benches for key in bench.rounds}, key=lambda key: (key[0], MEASURES.index(key[1])))
+    keys = sorted({key for bench in benches for key in bench}, key=lambda key: (key[0], MEASURES.index(key[1])))
     return "\n".join(pooled_lines(benches, keys, reference, target, resamples, seed) + order_lines(benches, keys))
 
 
@@ -89,9 +89,9 @@ def pooled_lines(
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for mode, measure in keys:
-        per_bench = [bench.rounds[mode, measure] for bench in benches if (mode, measure) in bench.rounds]
-        medians = [statistics.median(rounds) for rounds in per_bench]
-        every_round = [ratio for rounds in per_bench for ratio in rounds]
+        per_bench = [[one.ratio for one in bench[mode, measure]] for bench in benches if (mode, measure) in bench]
+        medians = [statistics.median(ratios) for ratios in per_bench]
+        every_round = [ratio for ratios in per_bench for ratio in ratios]
         low, high = interval(medians, resamples, seed)
         lines.append(
             f"| {mode} | {measure}/s | {len(medians)} | {statistics.fmean(medians):.3f} ({low:.3f}-{high:.3f}) "
@@ -112,9 +112,8 @@ def order_lines(benches: list[Bench], keys: list[tuple[str, str]]) -> list[str]:
     ]
     for mode, measure in keys:
         by_order: dict[str, list[float]] = {order: [] for order in ORDERS}
-        for bench in (bench for bench in benches if (mode, measure) in bench.rounds):
-            for ratio, first in zip(bench.rounds[mode, measure], bench.ran_first[mode, measure], strict=True):
-                by_order[first].append(ratio)
+        for one in (one for bench in benches for one in bench.get((mode, measure), [])):
+            by_order[one.ran_first].append(one.ratio)
         cells = [f"{len(v)} | {statistics.fmean(v):.3f}" if v else "0 | -" for v in by_order.values()]
         lines.append(f"| {mode} | {measure}/s | {' | '.join(cells)} |")
     return lines
