@@ -17,12 +17,13 @@ def shifted(policy: Policy, by: float) -> dict[str, torch.Tensor]:
 
 
 def test_an_older_version_is_refused_and_changes_nothing_and_the_same_one_again_is_taken():
-    policy = Policy("split", MODEL, ActionSpec("discrete", 3), seed=0)
+    policy = Policy("split", MODEL, ActionSpec("discrete", 3), seed=0, runtime="torch")
     newer = shifted(policy, 1.0)
-    policy.load(newer, version=3)
+    policy.load(policy.prepare(newer), version=3)
     with pytest.raises(BadRequest, match=r"Weights\.version 2 is older than 3"):
-        policy.load(shifted(policy, 5.0), version=2)
+        policy.load(policy.prepare(shifted(policy, 5.0)), version=2)
     assert policy.version == 3
     assert all(torch.equal(policy.network.state_dict()[name], value) for name, value in newer.items())
-    policy.load(shifted(policy, 1.0), version=3)  # a learner resumed from its checkpoint re-publishes its version
+    # a learner resumed from its checkpoint re-publishes its version
+    policy.load(policy.prepare(shifted(policy, 1.0)), version=3)
     assert policy.version == 3

@@ -127,7 +127,8 @@ def _loop(run: RunSettings, warmup_fraction: float, train: bool) -> BaselineResu
     envs = make_vector_env(run.env, run.env_kwargs, n, run.frame_size, run.action_repeat)
     try:
         spec = action_spec_from_space(envs.single_action_space)
-        policy = Policy("cloud", model=run.network_config(), action_spec=spec, seed=run.seed)
+        # torch acting, as CleanRL's loop does; the sync learner trains this very network in place.
+        policy = Policy("cloud", model=run.network_config(), action_spec=spec, seed=run.seed, runtime="torch")
         learner = _SyncLearner(policy, run) if train else None
         stacker = FrameStacker(n, run.frame_stack, run.frame_size, run.frame_size)
         frames, _ = envs.reset(seed=run.seed)

@@ -1,15 +1,21 @@
-"""The policy inference runs: the head alone (split modes) or encoder + head (cloud)."""
+"""The policy inference runs: the head alone (split modes) or encoder + head (cloud), acting in torch or in ONNX
+Runtime (core.onnx_forward: the same outputs within float32 rounding, in about half the CPU at a few rows)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from splitrl.core.config import Mode
-from splitrl.core.models import cloud_network
+from splitrl.core.models import ActorCritic, ActorCriticHead, cloud_network
 from splitrl.core.rpc import BadRequest
 from splitrl.core.spec import ActionSpec, ModelConfig
+from splitrl.inference.settings import ActingRuntime
+
+if TYPE_CHECKING:
+    from splitrl.core.onnx_forward import ForwardGraph, Session
 
 
 @dataclass
@@ -22,32 +28,68 @@ class Decisions:
     policy_version: int  # the version whose weights produced these decisions
 
 
-class Policy:
-    """Samples actions. `version` counts the weight updates applied (0 = initial weights)."""
+@dataclass(frozen=True)
+class PreparedWeights:
+    """One version's weights, ready to swap in: the state_dict, and the ONNX Runtime session holding them (None
+    when acting in torch)."""
 
-    def __init__(self, mode: Mode, model: ModelConfig, action_spec: ActionSpec, seed: int) -> None:
+    state_dict: dict[str, torch.Tensor]
+    session: Session | None
+
+
+class Policy:
+    """Samples actions. `version` counts the weight updates applied (0 = initial weights).
+
+    New weights come in two steps: `prepare` (any thread; with ONNX Runtime it builds the session, ~10-70 ms for
+    CarRacing) and `load` (the acting thread, between two batches: a swap and a copy into the torch network)."""
+
+    def __init__(
+        self,
+        mode: Mode,
+        model: ModelConfig,
+        action_spec: ActionSpec,
+        seed: int,
+        *,
+        runtime: ActingRuntime,
+        threads: int = 1,
+    ) -> None:
         """`mode` decides what it acts on (core.models.cloud_network): frame stacks in cloud mode, activations
-        in the split modes. `seed` sets the initial weights (the learner's, same seed, match) and sampling."""
+        in the split modes. `seed` sets the initial weights (the learner's, same seed, match) and sampling.
+        `runtime` runs the acting pass, on `threads` threads in ONNX Runtime (torch's are set per process)."""
+        if runtime not in ("onnxruntime", "torch"):
+            raise ValueError(f"runtime must be 'onnxruntime' or 'torch', got {runtime!r}")
         torch.manual_seed(seed)
         self.network = cloud_network(mode, model, action_spec)
         self.network.eval()
         self.action_spec = action_spec
+        self.runtime = runtime
         self.version = 0
         self._generator = torch.Generator().manual_seed(seed)
+        self._graph: ForwardGraph | None = None
+        if runtime == "onnxruntime":
+            from splitrl.core.onnx_forward import ForwardGraph  # onnx and onnxruntime load only where they act
 
-    def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Swap in new weights (validated by the caller); later batches act with them as `version`. A version older
-        than the current one is refused (BadRequest), so versions never go back, whichever stream brought them;
-        the same version again is taken: a learner resumed from its checkpoint re-publishes it."""
+            self._graph = ForwardGraph(self.network, threads)
+        self._session = self.prepare(self.network.state_dict()).session
+
+    def prepare(self, state_dict: dict[str, torch.Tensor]) -> PreparedWeights:
+        """`state_dict` (validated by the caller) made ready for `load`; safe on any thread, beside `act`."""
+        return PreparedWeights(state_dict, None if self._graph is None else self._graph.session(state_dict))
+
+    def load(self, weights: PreparedWeights, version: int) -> None:
+        """Swap in new weights; later batches act with them as `version`. A version older than the current one is
+        refused (BadRequest), so versions never go back, whichever stream brought them; the same version again is
+        taken: a learner resumed from its checkpoint re-publishes it. Call it where `act` runs, not beside it."""
         if version < self.version:
             raise BadRequest(f"Weights.version {version} is older than {self.version}")
-        self.network.load_state_dict(state_dict)
+        self.network.load_state_dict(weights.state_dict)
+        self._session = weights.session
         self.version = version
 
     @torch.no_grad()
     def act(self, observations: torch.Tensor) -> Decisions:
         """observations: uint8 stacks [B, stack, S, S] (cloud) or activations [B, width] (split)."""
-        distribution, values = self.network(observations)
+        distribution, values = self._forward(observations)
         if self.action_spec.kind == "discrete":
             probs = distribution.probs  # type: ignore[attr-defined]
             actions = torch.multinomial(probs, 1, generator=self._generator).squeeze(-1)
@@ -56,3 +98,11 @@ class Policy:
             noise = torch.randn(base.loc.shape, generator=self._generator)
             actions = base.loc + base.scale * noise
         return Decisions(actions, distribution.log_prob(actions).float(), values.float(), self.version)
+
+    def _forward(self, observations: torch.Tensor) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        if self._session is None:
+            return self.network(observations)  # type: ignore[no-any-return]
+        outputs = self._session.run(observations)
+        head = self.network.head if isinstance(self.network, ActorCritic) else self.network
+        assert isinstance(head, ActorCriticHead)
+        return head.distribution(outputs.logits_or_mean), outputs.value

@@ -28,7 +28,7 @@ from splitrl.core.rpc import BadRequest, Refused
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.core.video import VideoDecodeError, VideoStreamDecoder
 from splitrl.inference.batcher import Batcher
-from splitrl.inference.policy import Decisions, Policy
+from splitrl.inference.policy import Decisions, Policy, PreparedWeights
 from splitrl.inference.replay_writer import ReplayWriter
 from splitrl.inference.settings import InferenceSettings
 from splitrl.inference.trajectories import TrajectoryCutter
@@ -57,7 +57,14 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self.model_config = settings.network_config()
         self.action_spec = action_spec_of(settings.env, settings.env_kwargs)
         self.action_dtype, _ = codecs.action_wire(self.action_spec, 1)
-        self.policy = Policy(settings.mode, self.model_config, self.action_spec, settings.seed)
+        self.policy = Policy(
+            settings.mode,
+            self.model_config,
+            self.action_spec,
+            settings.seed,
+            runtime=settings.acting_runtime,
+            threads=settings.torch_threads,
+        )
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="policy")
         # Video decoding runs off the event loop (other streams and the batcher go on), beside the policy thread.
         self._decoding = (
@@ -162,19 +169,19 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
     ) -> AsyncIterator[weights_pb2.WeightsAck]:
         loop = asyncio.get_running_loop()
         async for message in request_iterator:
-            state = await loop.run_in_executor(self._weights_decoding, self._received_weights, message)
+            prepared = await loop.run_in_executor(self._weights_decoding, self._received_weights, message)
             # The policy executor runs one batch at a time, so the swap lands between two batches.
-            await loop.run_in_executor(self._executor, self.policy.load, state, message.version)
+            await loop.run_in_executor(self._executor, self.policy.load, prepared, message.version)
             self.metrics.policy_version.set(self.policy.version)  # the newest swapped in, whichever stream swapped last
             ack = weights_pb2.WeightsAck(version=message.version)
             self.weights_meter.sent(ack, phase="weights", payload="ack")
             yield ack
 
-    def _received_weights(self, message: weights_pb2.Weights) -> dict[str, torch.Tensor]:
-        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError).
-        Its version is checked where it is swapped in (Policy.load)."""
+    def _received_weights(self, message: weights_pb2.Weights) -> PreparedWeights:
+        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError) and
+        prepared to act with. Its version is checked where it is swapped in (Policy.load)."""
         self.weights_meter.received(message, phase="weights", payload="weights")
-        return weights.from_proto(message, self.policy.network.state_dict())
+        return self.policy.prepare(weights.from_proto(message, self.policy.network.state_dict()))
 
 
 class _EdgeStream:

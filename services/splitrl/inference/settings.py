@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from splitrl.core.backoff import RedialSettings
@@ -13,6 +15,9 @@ from splitrl.core.config import (
     shard_index,
     split_addresses,
 )
+
+#: What runs inference's acting pass: ONNX Runtime, or torch's own eager kernels (inference.policy).
+ActingRuntime = Literal["onnxruntime", "torch"]
 
 
 class ChunkSettings(Settings):
@@ -37,6 +42,12 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
         "Kubernetes, the StatefulSet pod's index (label apps.kubernetes.io/pod-index).",
     )
     replay_table: str = Field("rollouts", description="Replay table trajectories are inserted into.")
+    acting_runtime: ActingRuntime = Field(
+        "onnxruntime",
+        description="What runs the policy's forward pass when acting: 'onnxruntime' (the same outputs within float32 "
+        "rounding; on CarRacing's 4-row batches ~half torch's CPU, a session built per weights version off the "
+        "acting thread) or 'torch' (its eager kernels, as the learner trains). Either uses --torch-threads threads.",
+    )
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")
     max_wait_ms: float = Field(
         0.0,
