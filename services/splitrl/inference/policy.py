@@ -65,6 +65,10 @@ class Policy:
         self.runtime = runtime
         self.version = 0
         self._generator = torch.Generator().manual_seed(seed)
+        # Where the action distribution comes from when ONNX Runtime ran the layers.
+        head = self.network.head if isinstance(self.network, ActorCritic) else self.network
+        assert isinstance(head, ActorCriticHead), type(head)
+        self._head = head
         self._graph: ForwardGraph | None = None
         if runtime == "onnxruntime":
             from splitrl.core.onnx_forward import ForwardGraph  # onnx and onnxruntime load only where they act
@@ -103,6 +107,4 @@ class Policy:
         if self._session is None:
             return self.network(observations)  # type: ignore[no-any-return]
         outputs = self._session.run(observations)
-        head = self.network.head if isinstance(self.network, ActorCritic) else self.network
-        assert isinstance(head, ActorCriticHead)
-        return head.distribution(outputs.logits_or_mean), outputs.value
+        return self._head.distribution(outputs.logits_or_mean), outputs.value
