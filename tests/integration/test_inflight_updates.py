@@ -31,6 +31,7 @@ async def test_policy_version_advances_while_streams_stay_open():
                 break
         assert inference.policy.version >= 3, "inference never received three updates"
         assert len(versions_seen) >= 2
+        assert inference.policy.acting_in == "onnxruntime"  # the default runtime, once its session was swapped in
         for _ in range(50):  # the gauge is set once the swap's executor call returns to the event loop
             texts = stack.scrape()
             if scrape.total([texts["inference"]], "splitrl_policy_version") >= 3:

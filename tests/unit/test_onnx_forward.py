@@ -94,6 +94,9 @@ def test_missing_weights_threads_below_one_and_other_layers_are_refused_by_name(
 @pytest.mark.parametrize("spec", [DISCRETE, CONTINUOUS], ids=["discrete", "continuous"])
 def test_a_policy_acting_in_onnxruntime_decides_as_one_acting_in_torch_across_a_weights_swap(spec: ActionSpec):
     in_torch, in_ort = (Policy("cloud", MODELS[1], spec, seed=7, runtime=name) for name in ("torch", "onnxruntime"))
+    assert in_ort.acting_in == "torch"  # until its first session is prepared and loaded (inference: once serving)
+    in_ort.load(in_ort.prepare(in_ort.weights_now()[0]), version=0)
+    assert (in_torch.acting_in, in_ort.acting_in) == ("torch", "onnxruntime")
     new_weights = perturbed(ActorCritic(MODELS[1], spec), seed=8).state_dict()
     for version in (0, 1):
         rows = rows_for(in_torch.network, count=6)
@@ -104,6 +107,19 @@ def test_a_policy_acting_in_onnxruntime_decides_as_one_acting_in_torch_across_a_
         assert decided.policy_version == expected.policy_version == version
         for policy in (in_torch, in_ort):
             policy.load(policy.prepare(new_weights), version=1)
+    assert in_ort.acting_in == "onnxruntime"
+
+
+def test_weights_onnxruntime_cannot_take_are_acted_with_in_torch(caplog: pytest.LogCaptureFixture):
+    policy = Policy("cloud", MODELS[1], DISCRETE, seed=0, runtime="onnxruntime")
+    policy.network.head.trunk[1] = nn.Tanh()  # a layer ForwardGraph does not write
+    rows = rows_for(policy.network)
+    prepared = policy.prepare(policy.weights_now()[0])
+    assert prepared.session is None
+    assert "torch acts with them" in caplog.text
+    policy.load(prepared, version=1)
+    assert policy.acting_in == "torch"
+    torch.testing.assert_close(policy.act(rows).values, torch_outputs(policy.network, rows)[1])
 
 
 def test_an_unknown_runtime_is_refused_by_name():

@@ -137,12 +137,13 @@ class ActorCriticHead(nn.Module):
         hidden = self.trunk(activations.float())
         # The output layers run in float32 even under the learner's bfloat16 autocast (--train-precision): PPO's
         # ratio divides these probabilities by those inference acted with in float32 (GAE), and bfloat16's 8-bit
-        # mantissa would add ~0.5% noise to every logit before a single weight had moved.
+        # mantissa would add ~0.5% noise to every logit before a single weight had moved. So does the distribution:
+        # Categorical normalises its logits (a logsumexp) as it is made, which autocast would run in bfloat16.
         with torch.autocast(hidden.device.type, enabled=False):
             hidden = hidden.float()
             logits_or_mean = self.actor(hidden)
             value = self.critic(hidden).squeeze(-1)
-        return self.distribution(logits_or_mean), value
+            return self.distribution(logits_or_mean), value
 
     def distribution(self, logits_or_mean: torch.Tensor) -> Distribution:
         """The action distribution the actor's outputs [B, A] parametrise: categorical over logits, or a diagonal

@@ -3,6 +3,7 @@ Runtime (core.onnx_forward: the same outputs within float32 rounding, in about h
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,8 @@ from splitrl.inference.settings import ActingRuntime
 
 if TYPE_CHECKING:
     from splitrl.core.onnx_forward import ForwardGraph, Session
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,8 +43,10 @@ class PreparedWeights:
 class Policy:
     """Samples actions. `version` counts the weight updates applied (0 = initial weights).
 
-    New weights come in two steps: `prepare` (any thread; with ONNX Runtime it builds the session, ~10-70 ms for
-    CarRacing) and `load` (the acting thread, between two batches: a swap and a copy into the torch network)."""
+    New weights come in two steps: `prepare` (one thread beside acting, the weights thread; with ONNX Runtime it
+    builds the session, ~10-70 ms for CarRacing) and `load` (the acting thread, between two batches: a swap and a
+    copy into the torch network). With runtime "onnxruntime" the policy acts in torch until the first prepared
+    weights are loaded: onnx and onnxruntime are imported by the first `prepare`, not before a service serves."""
 
     def __init__(
         self,
@@ -69,16 +74,33 @@ class Policy:
         head = self.network.head if isinstance(self.network, ActorCritic) else self.network
         assert isinstance(head, ActorCriticHead), type(head)
         self._head = head
-        self._graph: ForwardGraph | None = None
-        if runtime == "onnxruntime":
-            from splitrl.core.onnx_forward import ForwardGraph  # onnx and onnxruntime load only where they act
-
-            self._graph = ForwardGraph(self.network, threads)
-        self._session = self.prepare(self.network.state_dict()).session
+        self._threads = threads
+        self._graph: ForwardGraph | None = None  # written by the first prepare
+        self._session: Session | None = None  # None: acting in torch
 
     def prepare(self, state_dict: dict[str, torch.Tensor]) -> PreparedWeights:
-        """`state_dict` (validated by the caller) made ready for `load`; safe on any thread, beside `act`."""
-        return PreparedWeights(state_dict, None if self._graph is None else self._graph.session(state_dict))
+        """`state_dict` (validated by the caller) made ready for `load`. Call it from one thread at a time; it
+        runs beside `act`."""
+        if self.runtime == "torch":
+            return PreparedWeights(state_dict, None)
+        try:
+            if self._graph is None:
+                from splitrl.core.onnx_forward import ForwardGraph  # onnx and onnxruntime: ~0.5-0.9 s to import
+
+                self._graph = ForwardGraph(self.network, self._threads)
+            return PreparedWeights(state_dict, self._graph.session(state_dict))
+        except Exception:  # ONNX Runtime only makes acting cheaper: torch acts with these weights instead
+            log.exception("no ONNX Runtime session for these weights; torch acts with them")
+            return PreparedWeights(state_dict, None)
+
+    @property
+    def acting_in(self) -> ActingRuntime:
+        """What runs the acting pass now: "torch" until prepared weights with an ONNX Runtime session are loaded."""
+        return "torch" if self._session is None else "onnxruntime"
+
+    def weights_now(self) -> tuple[dict[str, torch.Tensor], int]:
+        """A copy of the weights acted with now and their version, for `prepare`; call it where `act` runs."""
+        return {name: value.clone() for name, value in self.network.state_dict().items()}, self.version
 
     def load(self, weights: PreparedWeights, version: int) -> None:
         """Swap in new weights; later batches act with them as `version`. A version older than the current one is

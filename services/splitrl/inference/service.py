@@ -10,6 +10,7 @@ whose chunks go to replay through the ReplayWriter.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -106,6 +107,18 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             asyncio.create_task(self.batcher.run(), name="batcher"),
             asyncio.create_task(self.writer.run(), name="replay-writer"),
         ]
+        if self.policy.runtime == "onnxruntime":
+            self._tasks.append(asyncio.create_task(self._act_in_onnxruntime(), name="onnxruntime-session"))
+
+    async def _act_in_onnxruntime(self) -> None:
+        """Once serving (acting in torch meanwhile): an ONNX Runtime session for the weights acted with now,
+        built on the weights thread and swapped in between two batches, unless the learner's newer weights
+        were swapped in first (prepared the same way)."""
+        loop = asyncio.get_running_loop()
+        state, version = await loop.run_in_executor(self._executor, self.policy.weights_now)
+        prepared = await loop.run_in_executor(self._weights_decoding, self.policy.prepare, state)
+        with contextlib.suppress(BadRequest):  # "older than": newer weights were swapped in meanwhile
+            await loop.run_in_executor(self._executor, self.policy.load, prepared, version)
 
     async def stop(self) -> None:
         await self.writer.flush(timeout_s=self.settings.shutdown_grace_s)
