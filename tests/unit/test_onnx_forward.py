@@ -122,6 +122,8 @@ def test_weights_onnxruntime_cannot_take_are_acted_with_in_torch(caplog: pytest.
     torch.testing.assert_close(policy.act(rows).values, torch_outputs(policy.network, rows)[1])
 
 
-def test_an_unknown_runtime_is_refused_by_name():
+def test_an_unknown_runtime_and_threads_below_one_are_refused_by_name():
     with pytest.raises(ValueError, match="runtime must be 'onnxruntime' or 'torch', got 'tensorrt'"):
         Policy("cloud", MODELS[1], DISCRETE, seed=0, runtime="tensorrt")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="threads must be >= 1, got 0"):
+        Policy("cloud", MODELS[1], DISCRETE, seed=0, runtime="onnxruntime", threads=0)

@@ -1,10 +1,10 @@
 """A policy network's acting pass run by ONNX Runtime: the same layers and weights as torch's, as an ONNX graph.
 
-Inference acts on a few rows at a time (4 per CarRacing env group of the bench). There torch's eager CPU kernels
-spend most of a call on per-call work: acting on 4 CarRacing stacks took ~3.0 ms of CPU against ~1.6-1.8 ms in
-ONNX Runtime, which packs each weight once per session into its kernels' layout (one thread, caches flushed
-between calls as the service's ~8 ms between batches does; benchmarks/acting_runtime.py measures it). Training
-stays in torch: the learner runs 128-row minibatches, where the kernels dominate.
+Inference acts on a few rows at a time (4 per CarRacing env group of the bench). At that size torch's eager CPU
+kernels cost about twice ONNX Runtime's, which packs each weight into its kernels' layout once per session: one
+pass on 4 CarRacing stacks took 2.80 ms of CPU against 1.53 ms (one thread, caches flushed between calls as the
+other services flush them between two batches; benchmarks/acting_runtime.py, 2026-12-06). Training stays in
+torch.
 
 `ForwardGraph` writes the network's forward pass, up to the action distribution's parameters and the value, as
 an ONNX graph once; `ForwardGraph.session(state_dict)` makes an ONNX Runtime session holding one version of the
@@ -57,21 +57,21 @@ class ForwardGraph:
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
         self.threads = threads
-        self._writer = _GraphWriter(network)
-        self.parameter_names = frozenset(self._writer.initializer_names)
-        self._graph = self._writer.graph()
+        writer = _GraphWriter(network)
+        self.parameter_names = tuple(writer.initializer_names)  # the network's state_dict keys the graph reads
+        self._graph = writer.graph()
         self.input_dtype = torch.uint8 if isinstance(network, ActorCritic) else torch.float32
 
     def session(self, state_dict: dict[str, torch.Tensor]) -> Session:
         """An ONNX Runtime session acting with `state_dict`'s weights (the network's own keys; others ignored)."""
-        missing = self.parameter_names - state_dict.keys()
+        missing = [name for name in self.parameter_names if name not in state_dict]
         if missing:
-            raise KeyError(f"state_dict lacks {sorted(missing)}")
+            raise KeyError(f"state_dict lacks {missing}")
         graph = onnx.GraphProto()
         graph.CopyFrom(self._graph)
         graph.initializer.extend(
             numpy_helper.from_array(state_dict[name].detach().float().contiguous().numpy(), name)
-            for name in self._writer.initializer_names
+            for name in self.parameter_names
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
         options = onnxruntime.SessionOptions()

@@ -63,6 +63,8 @@ class Policy:
         `runtime` runs the acting pass, on `threads` threads in ONNX Runtime (torch's are set per process)."""
         if runtime not in ("onnxruntime", "torch"):
             raise ValueError(f"runtime must be 'onnxruntime' or 'torch', got {runtime!r}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         torch.manual_seed(seed)
         self.network = cloud_network(mode, model, action_spec)
         self.network.eval()
