@@ -47,10 +47,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; the median is kept")
     parser.add_argument("--threads", type=int, default=1, help="threads of each runtime (default: %(default)s)")
     args = parser.parse_args()
-    for name in ("rows", "calls", "rounds", "threads"):
-        values = getattr(args, name) if isinstance(getattr(args, name), list) else [getattr(args, name)]
-        if min(values) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if min(*args.rows, args.calls, args.rounds, args.threads) < 1:
+        parser.error(
+            f"--rows, --calls, --rounds and --threads must be >= 1, got {args.rows}, {args.calls}, {args.rounds} "
+            f"and {args.threads}"
+        )
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 import torch
 
@@ -61,7 +61,7 @@ class Policy:
         """`mode` decides what it acts on (core.models.cloud_network): frame stacks in cloud mode, activations
         in the split modes. `seed` sets the initial weights (the learner's, same seed, match) and sampling.
         `runtime` runs the acting pass, on `threads` threads in ONNX Runtime (torch's are set per process)."""
-        if runtime not in ("onnxruntime", "torch"):
+        if runtime not in get_args(ActingRuntime):
             raise ValueError(f"runtime must be 'onnxruntime' or 'torch', got {runtime!r}")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
