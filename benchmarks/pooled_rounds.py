@@ -9,6 +9,10 @@ pools them: per mode and measure, the benches' medians (what README's targets ro
 95% interval from resampling whole benches (rounds of one bench share the machine's state, so they are not
 independent draws), every round's spread, and how often a bench median and a round reached `--target`; then
 every round's ratio by which side ran first in it.
+
+Benches are pooled per machine: a report's "Machine: ..." line (written since session 53) names its CPU, and
+machines of one kind have differed (SB3 ran ~25% slower on session 52's AVX2 machine than on sessions 42-51's
+AVX-512 one). Each machine's benches get their own tables; reports without the line pool as "not recorded".
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import statistics
 import sys
 from pathlib import Path
 from typing import NamedTuple
+
+from splitrl.bench.throughput_report import MACHINE_PREFIX
 
 CELL = re.compile(r"^(?P<frames>[\d.]+) / (?P<updates>[\d.]+|-)$")
 MEASURES = ("frames", "updates")
@@ -63,6 +69,27 @@ def read_bench(path: Path, reference: str) -> Bench:
     if not rounds:
         raise ValueError(f"{path}: no round-by-round table with columns '<mode> x {reference}'")
     return rounds
+
+
+#: The machine of a report that does not name one (written before session 53).
+UNRECORDED = "not recorded"
+
+
+def machine_of(path: Path) -> str:
+    """The machine a report names in its "Machine: ..." line (throughput_report.machine_line), or UNRECORDED."""
+    for line in path.read_text().splitlines():
+        if line.startswith(MACHINE_PREFIX):
+            return line.removeprefix(MACHINE_PREFIX).strip()
+    return UNRECORDED
+
+
+def by_machine(paths: list[Path], benches: list[Bench]) -> dict[str, list[Bench]]:
+    """`benches` (read from `paths`, in the same order) grouped by the machine each report names, machines in
+    the order they first appear."""
+    groups: dict[str, list[Bench]] = {}
+    for path, bench in zip(paths, benches, strict=True):
+        groups.setdefault(machine_of(path), []).append(bench)
+    return groups
 
 
 def interval(values: list[float], resamples: int, seed: int) -> tuple[float, float]:
@@ -134,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"pooled_rounds: {error}", file=sys.stderr)
         return 2
-    print(report(benches, args.reference, args.target, args.resamples, args.seed))
+    for machine, group in by_machine(args.reports, benches).items():
+        print(f"{MACHINE_PREFIX}{machine}\n")
+        print(report(group, args.reference, args.target, args.resamples, args.seed) + "\n")
     return 0
 
 

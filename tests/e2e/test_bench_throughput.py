@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from splitrl.bench.cpu_budget import machine_description
+
 
 def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> None:
     out = tmp_path / "bench"
@@ -65,6 +67,7 @@ def test_bench_throughput_measures_baseline_stack_and_link(tmp_path: Path) -> No
     assert all(0 < stack["warm_cpu_seconds"][name] <= stack["cpu_seconds"][name] for name in stack["cpu_seconds"])
     assert all(reference["cpu_seconds"] > 0 for reference in figures["trained"].values())
     assert figures["cores"] >= 1 and "CPU per agent step after the warm-up" in table
+    assert figures["machine"] == machine_description() and f"Machine: {figures['cores']} cores of " in table
     assert f"agent steps/s on these {figures['cores']} cores" in table and "1.5x sb3-ppo (" in table
     # --rounds 2: every training run twice, round 2 in its own run directory and in the other order; the
     # detailed tables are round 1's, and each round's ratios are shown with their median and range.

@@ -20,9 +20,14 @@ HEADER = (
 )
 
 
-def report(tmp_path: Path, name: str, rows: list[str]) -> Path:
+def report(tmp_path: Path, name: str, rows: list[str], machine: str | None = None) -> Path:
+    """A report as the bench writes it, its "Machine: ..." line naming `machine` (None: a report without one)."""
     path = tmp_path / name
-    path.write_text("# a bench\n\nsome prose | with a bar\n\n" + HEADER + "".join(rows) + "| median | | x |\n\nafter\n")
+    named = "" if machine is None else f"Machine: 2 cores of {machine}\n\n"
+    body = (
+        "# a bench\n\n" + named + "some prose | with a bar\n\n" + HEADER + "".join(rows) + "| median | | x |\n\nafter\n"
+    )
+    path.write_text(body)
     return path
 
 
@@ -74,6 +79,33 @@ def test_pools_bench_medians_and_rounds_against_the_target(tmp_path: Path) -> No
     assert against_sync.returncode == 0, against_sync.stderr
     assert "1 benches; x sync-ppo" in against_sync.stdout
     assert row_of(against_sync.stdout, "frames")[3:6] == ["0.705 (0.705-0.705)", "0.70-0.70", "1"]
+
+
+@pytest.mark.timeout(90)
+def test_pools_each_machine_apart(tmp_path: Path) -> None:
+    rows = [
+        "| 1 | references | 1.0 | 640.0 | 0.70 / 0.71 | {0} / {0} |\n",
+        "| 2 | stacks | 1.0 | 650.0 | 0.7 / 0.7 | {0} / {0} |\n",
+    ]
+    fast = [
+        report(tmp_path, f"fast{i}.md", [row.format(1.4) for row in rows], "CPU A, torch kernels AVX512")
+        for i in (1, 2)
+    ]
+    slow = report(tmp_path, "slow.md", [row.format(1.6) for row in rows], "CPU B, torch kernels AVX2")
+    old = report(tmp_path, "old.md", [row.format(1.5) for row in rows])
+    done = pooled(fast[0], slow, old, fast[1], "--resamples", 1000)
+    assert done.returncode == 0, done.stderr
+    machines = [line for line in done.stdout.splitlines() if line.startswith("Machine: ")]
+    assert machines == [
+        "Machine: 2 cores of CPU A, torch kernels AVX512",
+        "Machine: 2 cores of CPU B, torch kernels AVX2",
+        "Machine: not recorded",
+    ], done.stdout
+    benches = [line for line in done.stdout.splitlines() if " benches; x sb3-ppo" in line]
+    assert [line.split(" ")[0] for line in benches] == ["2", "1", "1"], done.stdout
+    pooled_frames = [line for line in done.stdout.splitlines() if line.startswith("| cloud | frames/s | ")]
+    means = [line.strip("|").split("|")[3].strip() for line in pooled_frames[::2]]  # each then in its order table
+    assert means == ["1.400 (1.400-1.400)", "1.600 (1.600-1.600)", "1.500 (1.500-1.500)"], done.stdout
 
 
 @pytest.mark.timeout(90)

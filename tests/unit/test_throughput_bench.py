@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 from dataclasses import replace
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
@@ -13,10 +15,11 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from splitrl.bench import baseline
 from splitrl.bench.baseline import BaselineResult, run_sync_ppo, steady_span
+from splitrl.bench.cpu_budget import cpu_model, machine_description
 from splitrl.bench.link import LinkResult, tensor_message
 from splitrl.bench.settings import ThroughputBenchSettings
 from splitrl.bench.throughput import read_stack, run_settings
-from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, render_markdown
+from splitrl.bench.throughput_report import Hop, StackResult, ThroughputReport, as_json, render_markdown
 from splitrl.core import scrape, wire
 from splitrl.learner.network import to_training_layout
 from tests.bench_reports import empty_report
@@ -228,6 +231,21 @@ def test_the_report_states_ratios_overheads_and_link_costs() -> None:
     assert render_markdown(report).startswith(title + "\n")  # no split mode ran: no edge encoder to name
     report.settings["modes"] = ["cloud", "split-accumulate"]
     assert render_markdown(report).startswith(title + ", split edge encoder in bfloat16\n")
+    report.cores, report.machine = 2, "AMD EPYC, torch kernels AVX2"
+    assert render_markdown(report).startswith(
+        title + ", split edge encoder in bfloat16\n\nMachine: 2 cores of AMD EPYC, torch kernels AVX2\n\n| run |"
+    )
+    assert as_json(report)["machine"] == "AMD EPYC, torch kernels AVX2"
+
+
+def test_the_machine_is_named_by_its_cpu_model_and_torch_kernels(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9B14\nflags\t: avx2\n")
+    assert cpu_model(cpuinfo) == "AMD EPYC 9B14"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t:\n")  # a blank name, as some VMs give: the platform's
+    assert cpu_model(cpuinfo) == (platform.processor() or "unknown")
+    assert cpu_model(tmp_path / "absent") == (platform.processor() or "unknown")
+    assert machine_description().endswith(f", torch kernels {torch.backends.cpu.get_cpu_capability()}")
 
 
 def test_sb3s_learning_rate_anneals_by_the_models_own_steps_across_a_save_and_load(tmp_path):

@@ -20,6 +20,8 @@ steps per update are equal to within its last update's chunks.
 from __future__ import annotations
 
 import os
+import platform
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,6 +37,29 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 0
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name as the kernel gives it (`cpuinfo`'s first "model name"), else the platform's
+    processor string, else "unknown"."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_description() -> str:
+    """What a bench ran on, for its report: the CPU model and the instruction set torch's CPU kernels use
+    ("AMD EPYC, torch kernels AVX2"). Rates from machines of one kind differ: sessions 42-51's AVX-512
+    machine ran SB3 ~25% faster than session 52's AVX2 one, so benches are pooled per machine
+    (benchmarks/pooled_rounds.py)."""
+    import torch  # the bench has it imported already; here so that this module's table code needs none
+
+    return f"{cpu_model()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
 
 
 def cpu_budget_lines(report: ThroughputReport) -> list[str]:

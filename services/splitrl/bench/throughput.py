@@ -37,7 +37,7 @@ from typing import Any, cast
 import torch
 
 from splitrl.bench.baseline import BaselineResult, run_baseline, run_sync_ppo, steady_span, update_pace
-from splitrl.bench.cpu_budget import usable_cores
+from splitrl.bench.cpu_budget import machine_description, usable_cores
 from splitrl.bench.link import measure
 from splitrl.bench.profile import ServiceProfile, py_spy, record
 from splitrl.bench.rounds import TrainingRound, round_order, stacks_run_first
@@ -206,7 +206,9 @@ def run_throughput_bench(settings: ThroughputBenchSettings) -> int:
     if settings.reference_torch_threads is None:  # torch's own default, read before any run sets the process's
         settings = settings.model_copy(update={"reference_torch_threads": torch.get_num_threads()})
     settings.out.mkdir(parents=True, exist_ok=True)
-    report = ThroughputReport(settings=json.loads(settings.model_dump_json()), cores=usable_cores())
+    report = ThroughputReport(
+        settings=json.loads(settings.model_dump_json()), cores=usable_cores(), machine=machine_description()
+    )
     print(f"throughput bench: {settings.env}, {settings.num_envs} envs, {settings.steps:,} env steps per run")
     try:
         _measure_all(settings, run, report)

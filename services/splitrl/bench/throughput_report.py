@@ -99,6 +99,8 @@ class ThroughputReport:
     trained: dict[str, BaselineResult] = field(default_factory=dict)
     #: CPU cores the bench's processes could run on (0: not recorded).
     cores: int = 0
+    #: The CPU they are (cpu_budget.machine_description; "": not recorded, as in reports before session 53).
+    machine: str = ""
     #: Every round of the training comparison's rates (--rounds), the first being `trained` and `stacks`'.
     rounds: list[TrainingRound] = field(default_factory=list)
     #: Where and why a bench stopped before its end (None: it ran every measurement); its report holds the rounds
@@ -123,6 +125,7 @@ def as_json(report: ThroughputReport) -> dict[str, Any]:
         "links": [link.as_dict() for link in report.links],
         "trained": {name: asdict(r) | {"steps_per_s": r.steps_per_s} for name, r in report.trained.items()},
         "cores": report.cores,
+        "machine": report.machine,
         "rounds": [_round_json(one) for one in report.rounds],
         "stopped": report.stopped,
     }
@@ -168,6 +171,8 @@ def render_markdown(report: ThroughputReport) -> str:
             f"| stack {r.mode} | {r.steps_per_s:,.1f} | **{r.steps_per_s / base:.2f}** | {overhead_us:,.0f} | "
             f"{_number(r.mean_batch_size)} | {lag} | {r.learner_updates} |"
         )
+    if report.machine:
+        lines[1:1] = ["", machine_line(report.cores, report.machine)]
     if report.stopped is not None:
         lines[1:1] = ["", f"**Stopped early, in {report.stopped}**: the tables hold the rounds completed before it."]
     lines += (
@@ -182,6 +187,15 @@ def render_markdown(report: ThroughputReport) -> str:
     )
     lines += _link_table(report)
     return "\n".join(lines) + "\n"
+
+
+#: How a report's machine_line starts.
+MACHINE_PREFIX = "Machine: "
+
+
+def machine_line(cores: int, machine: str) -> str:
+    """The report's line saying what it ran on; benchmarks/pooled_rounds.py reads it back (MACHINE_PREFIX)."""
+    return f"{MACHINE_PREFIX}{cores} cores of {machine}"
 
 
 def _reference_threads(report: ThroughputReport) -> bool:
