@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from splitrl.bench.throughput_report import MACHINE_PREFIX
+from splitrl.bench.cpu_budget import MACHINE_PREFIX
 
 CELL = re.compile(r"^(?P<frames>[\d.]+) / (?P<updates>[\d.]+|-)$")
 MEASURES = ("frames", "updates")
@@ -76,7 +76,7 @@ UNRECORDED = "not recorded"
 
 
 def machine_of(path: Path) -> str:
-    """The machine a report names in its "Machine: ..." line (throughput_report.machine_line), or UNRECORDED."""
+    """The machine a report names in its "Machine: ..." line (bench.cpu_budget.machine_line), or UNRECORDED."""
     for line in path.read_text().splitlines():
         if line.startswith(MACHINE_PREFIX):
             return line.removeprefix(MACHINE_PREFIX).strip()

@@ -52,12 +52,21 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     return platform.processor() or "unknown"
 
 
+#: How a report's machine_line starts.
+MACHINE_PREFIX = "Machine: "
+
+
+def machine_line(cores: int, machine: str) -> str:
+    """The report's line saying what it ran on; benchmarks/pooled_rounds.py reads it back (MACHINE_PREFIX)."""
+    return f"{MACHINE_PREFIX}{cores} cores of {machine}"
+
+
 def machine_description() -> str:
     """What a bench ran on, for its report: the CPU model and the instruction set torch's CPU kernels use
     ("AMD EPYC, torch kernels AVX2"). Rates from machines of one kind differ: sessions 42-51's AVX-512
     machine ran SB3 ~25% faster than session 52's AVX2 one, so benches are pooled per machine
     (benchmarks/pooled_rounds.py)."""
-    import torch  # the bench has it imported already; here so that this module's table code needs none
+    import torch  # here: benchmarks/pooled_rounds.py reads MACHINE_PREFIX from this module and needs no torch
 
     return f"{cpu_model()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from splitrl.bench.baseline import BaselineResult
-from splitrl.bench.cpu_budget import cpu_budget_lines
+from splitrl.bench.cpu_budget import cpu_budget_lines, machine_line
 from splitrl.bench.link import LinkResult
 from splitrl.bench.profile import ServiceProfile
 from splitrl.bench.rounds import RunRate, TrainingRound, ratio, round_lines
@@ -187,15 +187,6 @@ def render_markdown(report: ThroughputReport) -> str:
     )
     lines += _link_table(report)
     return "\n".join(lines) + "\n"
-
-
-#: How a report's machine_line starts.
-MACHINE_PREFIX = "Machine: "
-
-
-def machine_line(cores: int, machine: str) -> str:
-    """The report's line saying what it ran on; benchmarks/pooled_rounds.py reads it back (MACHINE_PREFIX)."""
-    return f"{MACHINE_PREFIX}{cores} cores of {machine}"
 
 
 def _reference_threads(report: ThroughputReport) -> bool:
