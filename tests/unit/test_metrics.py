@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry, generate_latest
 
 from splitrl.core import scrape, wire
@@ -48,6 +49,9 @@ def test_tensor_elements_counts_the_data_a_forged_shape_does_not_carry():
     negative = wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[-1, 3], data=b"")
     assert tensor_elements(negative) == 0
     assert tensor_elements(wire.Tensor(dtype=99, shape=[4], data=bytes(4))) == 0
+    # A negative int4 count needs (-4 + 7) // 8 = 0 bytes: it once "fit" empty data and counted -1, which
+    # prometheus_client refuses to add to a counter.
+    assert tensor_elements(wire.Tensor(dtype=wire.DTYPE_INT4, shape=[-1], data=b"")) == 0
 
 
 def test_tensor_elements_of_a_trajectory_sums_every_field():
@@ -76,6 +80,11 @@ def test_tensor_elements_ignores_unset_tensors_and_scalar_fields():
         observations=wire.encode(torch.zeros(4, 8)), rewards=[1.0] * 4, terminated=[False] * 4, first_step_id=1
     )
     assert tensor_elements(request) == 32
+
+
+def test_tensor_elements_walks_a_recursive_message_type_without_tensors():
+    value = struct_pb2.Value(struct_value=struct_pb2.Struct(fields={"a": struct_pb2.Value(number_value=1.0)}))
+    assert tensor_elements(value) == 0
 
 
 LABELS = {"link": "inference-replay", "direction": "sent", "phase": "rollout", "payload": "trajectory"}

@@ -138,7 +138,7 @@ async def simulated_edge(
         metadata=(("splitrl-codec", "activation"), ("splitrl-run-id", f"bench-{index}"))
     )
     rng = np.random.default_rng(index)
-    observations = wire.encode(rng.standard_normal((1, width), dtype=np.float32), wire.DType.DTYPE_BFLOAT16)
+    observations = wire.encode(rng.standard_normal((1, width), dtype=np.float32), wire.DTYPE_BFLOAT16)
     loop = asyncio.get_running_loop()
     sequence = counted = 0
     try:

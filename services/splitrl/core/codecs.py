@@ -12,10 +12,10 @@ import secrets
 from collections.abc import Sequence
 from typing import Literal
 
+from splitrl.core import wire
 from splitrl.core.config import Mode, ObservationCodec
 from splitrl.core.metrics import Payload
 from splitrl.core.spec import ActionSpec
-from splitrl.core.wire import DType
 
 StreamKind = Literal["activation", "frame", "video", "stack-bf16"]
 CODEC_METADATA_KEY = "splitrl-codec"
@@ -59,8 +59,8 @@ def expected_observation(
     if codec == "activation":
         return None, (num_envs, width)
     if codec in ("frame", "video"):
-        return DType.DTYPE_UINT8, (num_envs, frame_size, frame_size)
-    return DType.DTYPE_BFLOAT16, (num_envs, frame_stack, frame_size, frame_size)
+        return wire.DTYPE_UINT8, (num_envs, frame_size, frame_size)
+    return wire.DTYPE_BFLOAT16, (num_envs, frame_stack, frame_size, frame_size)
 
 
 def action_wire(spec: ActionSpec, num_envs: int) -> tuple[int, tuple[int, ...]]:
@@ -70,5 +70,5 @@ def action_wire(spec: ActionSpec, num_envs: int) -> tuple[int, tuple[int, ...]]:
     at tens of WAN bytes per step that is a tenth of a split's rollout), int64 beyond; continuous as float32.
     """
     if spec.kind == "continuous":
-        return DType.DTYPE_FLOAT32, (num_envs, spec.size)
-    return (DType.DTYPE_UINT8 if spec.size <= 256 else DType.DTYPE_INT64), (num_envs,)
+        return wire.DTYPE_FLOAT32, (num_envs, spec.size)
+    return (wire.DTYPE_UINT8 if spec.size <= 256 else wire.DTYPE_INT64), (num_envs,)

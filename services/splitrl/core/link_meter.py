@@ -7,8 +7,10 @@ direction, phase and payload from the fixed sets there.
 
 from __future__ import annotations
 
+import functools
 import math
 
+from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 from prometheus_client import Counter
 
@@ -27,27 +29,59 @@ def tensor_elements(message: Message) -> int:
     refused by decoding, and cannot count more than a valid tensor could).
     """
     if isinstance(message, tensor_pb2.Tensor):
-        try:
-            if message.compression == tensor_pb2.Compression.COMPRESSION_NONE:
-                held = wire.elements_in(message.dtype, len(message.data))
-                declared = math.prod(message.shape) if all(dim >= 0 for dim in message.shape) else -1
-                # An odd int4 count fills its last byte half: the shape says how many when it fits the data.
-                return declared if wire.data_bytes(message.dtype, declared) == len(message.data) else held
-            most = wire.elements_in(message.dtype, wire.DEFAULT_MAX_TENSOR_BYTES)
-        except wire.WireError:
-            return 0
-        if any(dim < 0 for dim in message.shape):
-            return 0
-        return min(math.prod(message.shape), most)
+        return _elements_of(message)
     total = 0
-    for field, value in message.ListFields():
-        if field.message_type is None:
-            continue
-        if field.is_repeated:
-            total += sum(tensor_elements(item) for item in value)
-        else:
-            total += tensor_elements(value)
+    for name, repeated in _tensor_fields(message.DESCRIPTOR):
+        if repeated:
+            total += sum(tensor_elements(item) for item in getattr(message, name))
+        elif message.HasField(name):
+            total += tensor_elements(getattr(message, name))
     return total
+
+
+def _elements_of(tensor: tensor_pb2.Tensor) -> int:
+    shape = tensor.shape
+    try:
+        if tensor.compression == wire.COMPRESSION_NONE:
+            data_bytes = len(tensor.data)  # each read of a bytes field copies it
+            if all(dim >= 0 for dim in shape):
+                declared = math.prod(shape)
+                # An odd int4 count fills its last byte half: the shape says how many when it fits the data.
+                if wire.data_bytes(tensor.dtype, declared) == data_bytes:
+                    return declared
+            return wire.elements_in(tensor.dtype, data_bytes)
+        most = wire.elements_in(tensor.dtype, wire.DEFAULT_MAX_TENSOR_BYTES)
+    except wire.WireError:
+        return 0
+    if any(dim < 0 for dim in shape):
+        return 0
+    return min(math.prod(shape), most)
+
+
+@functools.cache
+def _tensor_fields(descriptor: Descriptor) -> tuple[tuple[str, bool], ...]:
+    """(name, repeated) of each field of `descriptor` that can hold a Tensor, at any depth below it.
+
+    Walking only these, not every set field (Message.ListFields), keeps the meter from building a Python
+    object for each scalar and bytes field of each message it counts, a frame's bytes among them."""
+    return tuple(
+        (field.name, field.is_repeated)
+        for field in descriptor.fields
+        if field.message_type is not None and _holds_tensors(field.message_type, frozenset())
+    )
+
+
+def _holds_tensors(descriptor: Descriptor, enclosing: frozenset[str]) -> bool:
+    """Whether a message of type `descriptor` can hold a Tensor; `enclosing`: the types being asked about above
+    it, so a recursive message type ends the walk."""
+    if descriptor.full_name == tensor_pb2.Tensor.DESCRIPTOR.full_name:
+        return True
+    if descriptor.full_name in enclosing:
+        return False
+    inside = enclosing | {descriptor.full_name}
+    return any(
+        field.message_type is not None and _holds_tensors(field.message_type, inside) for field in descriptor.fields
+    )
 
 
 class LinkMeter:

@@ -29,20 +29,18 @@ from splitrl.v1 import replay_pb2
 if TYPE_CHECKING:
     import torch
 
-DType = wire.DType
-
 #: Wire dtype of each field (observations vary with the mode and are checked separately).
 _FIELD_DTYPES: dict[str, int | None] = {
     "observations": None,
     "actions": None,
-    "behaviour_log_probs": DType.DTYPE_FLOAT32,
-    "values": DType.DTYPE_FLOAT32,
-    "rewards": DType.DTYPE_FLOAT32,
-    "terminated": DType.DTYPE_BOOL,
-    "truncated": DType.DTYPE_BOOL,
-    "policy_versions": DType.DTYPE_INT64,
-    "step_ids": DType.DTYPE_INT64,
-    "encoder_versions": DType.DTYPE_INT64,
+    "behaviour_log_probs": wire.DTYPE_FLOAT32,
+    "values": wire.DTYPE_FLOAT32,
+    "rewards": wire.DTYPE_FLOAT32,
+    "terminated": wire.DTYPE_BOOL,
+    "truncated": wire.DTYPE_BOOL,
+    "policy_versions": wire.DTYPE_INT64,
+    "step_ids": wire.DTYPE_INT64,
+    "encoder_versions": wire.DTYPE_INT64,
 }
 _BOOTSTRAP_FIELDS = frozenset({"observations", "values", "step_ids", "encoder_versions"})
 
@@ -158,13 +156,13 @@ def _observation_index(message: replay_pb2.Trajectory) -> np.ndarray:
     """The index [R, D] into frames [K, H, W] of uint8, every value in [0, K), checked to rebuild at most as
     many bytes as one observations tensor may carry (a small index cannot ask for a huge rebuild)."""
     frames = message.observations
-    if frames.dtype != wire.DType.DTYPE_UINT8 or len(frames.shape) != 3 or frames.shape[0] < 1:
+    if frames.dtype != wire.DTYPE_UINT8 or len(frames.shape) != 3 or frames.shape[0] < 1:
         raise BadRequest(
             f"Trajectory.observations with an observation_index must be uint8 frames [K, H, W], K >= 1; got "
             f"{wire.DType.Name(frames.dtype)} {list(frames.shape)}"
         )
     try:
-        index = wire.decode_array(message.observation_index, expect_dtype=wire.DType.DTYPE_INT64)
+        index = wire.decode_array(message.observation_index, expect_dtype=wire.DTYPE_INT64)
     except wire.WireError as error:
         raise wire.WireError(f"Trajectory.observation_index: {error}") from None
     if index.ndim != 2 or index.shape[1] < 1:

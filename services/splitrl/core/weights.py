@@ -11,7 +11,7 @@ from splitrl.core.rpc import BadRequest
 from splitrl.v1 import weights_pb2
 
 
-def to_proto(version: int, state_dict: Mapping[str, torch.Tensor], dtype: int = wire.DType.DTYPE_FLOAT32):
+def to_proto(version: int, state_dict: Mapping[str, torch.Tensor], dtype: int = wire.DTYPE_FLOAT32):
     """A Weights message for `state_dict` at `version`, every tensor sent as `dtype`."""
     return weights_pb2.Weights(
         version=version,

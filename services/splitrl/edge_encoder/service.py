@@ -291,7 +291,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         elif self.stream_kind != "video":
             stacks = stream.stacker.push(frames, episode_start)
             if self.stream_kind == "stack-bf16":
-                observations = wire.encode(stacks, wire.DType.DTYPE_BFLOAT16)
+                observations = wire.encode(stacks, wire.DTYPE_BFLOAT16)
             else:
                 loop = asyncio.get_running_loop()
                 rows = list(stream.stacker.rows)  # as of this step: the stacker moves on

@@ -73,7 +73,7 @@ class EnvStream:
     def accept(self, step: rollout_pb2.EnvStep) -> tuple[torch.Tensor, torch.Tensor]:
         """Validate `step`; return its frames uint8 [N, S, S] and which rows start an episode, bool [N]."""
         size = self.settings.frame_size
-        frames = wire.decode(step.frames, expect_dtype=wire.DType.DTYPE_UINT8, expect_shape=[self.num_envs, size, size])
+        frames = wire.decode(step.frames, expect_dtype=wire.DTYPE_UINT8, expect_shape=[self.num_envs, size, size])
         first = self.num_envs is None
         episode_start = self.lockstep.accept(step, frames.shape[0], ("rewards", "terminated", "truncated"))
         if first:

@@ -28,8 +28,20 @@ Callers use this package's names; its modules, each of one concern:
 
 from splitrl.core.wire.checks import row_scales, validate
 from splitrl.core.wire.dtypes import (
+    COMPRESSION_H264,
+    COMPRESSION_NONE,
+    COMPRESSION_ZSTD,
     DEFAULT_MAX_TENSOR_BYTES,
+    DTYPE_BFLOAT16,
+    DTYPE_BOOL,
+    DTYPE_FLOAT8_E4M3FN,
+    DTYPE_FLOAT16,
+    DTYPE_FLOAT32,
+    DTYPE_INT4,
+    DTYPE_INT8,
+    DTYPE_INT64,
     DTYPE_NAMES,
+    DTYPE_UINT8,
     FLOAT_CODECS,
     ZSTD_LEVEL,
     Compression,
@@ -45,8 +57,20 @@ from splitrl.core.wire.packets import encode_packets, video_packets
 from splitrl.core.wire.tensors import decode, decode_array, encode, num_elements, verify
 
 __all__ = [
+    "COMPRESSION_H264",
+    "COMPRESSION_NONE",
+    "COMPRESSION_ZSTD",
     "DEFAULT_MAX_TENSOR_BYTES",
+    "DTYPE_BFLOAT16",
+    "DTYPE_BOOL",
+    "DTYPE_FLOAT8_E4M3FN",
+    "DTYPE_FLOAT16",
+    "DTYPE_FLOAT32",
+    "DTYPE_INT4",
+    "DTYPE_INT8",
+    "DTYPE_INT64",
     "DTYPE_NAMES",
+    "DTYPE_UINT8",
     "FLOAT_CODECS",
     "ZSTD_LEVEL",
     "Compression",

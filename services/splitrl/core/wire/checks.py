@@ -11,10 +11,14 @@ import zstandard
 
 from splitrl.core import scale_forms
 from splitrl.core.wire.dtypes import (
+    COMPRESSION_H264,
+    COMPRESSION_NONE,
+    COMPRESSION_ZSTD,
     DEFAULT_MAX_TENSOR_BYTES,
+    DTYPE_BOOL,
+    DTYPE_UINT8,
     QUANTIZED_LIMIT,
     VIDEO_PACKET_SLACK_BYTES,
-    Compression,
     DType,
     Tensor,
     WireError,
@@ -50,20 +54,20 @@ def validate(
     if expected_bytes > max_bytes:
         raise WireError(f"tensor of shape {shape} needs {expected_bytes} bytes, over the limit of {max_bytes}")
     _check_row_scale(message, shape)
-    if message.packet_sizes and message.compression != Compression.COMPRESSION_H264:
+    if message.packet_sizes and message.compression != COMPRESSION_H264:
         raise WireError("packet_sizes is set on a tensor that is not H.264 video")
-    if message.compression == Compression.COMPRESSION_ZSTD:
+    if message.compression == COMPRESSION_ZSTD:
         _check_zstd_header(message.data, expected_bytes)
-    elif message.compression == Compression.COMPRESSION_H264:
+    elif message.compression == COMPRESSION_H264:
         _check_video(message, shape)
-    elif message.compression != Compression.COMPRESSION_NONE:
+    elif message.compression != COMPRESSION_NONE:
         raise WireError(f"unknown tensor compression {message.compression}; expected NONE, ZSTD or H264")
     elif len(message.data) != expected_bytes:
         raise WireError(
             f"tensor data is {len(message.data)} bytes but shape {shape} x {info.bits} bits "
             f"({DType.Name(message.dtype)}) needs {expected_bytes}"
         )
-    if message.dtype == DType.DTYPE_BOOL and message.compression == Compression.COMPRESSION_NONE:
+    if message.dtype == DTYPE_BOOL and message.compression == COMPRESSION_NONE:
         _check_bool(message.data)
 
 
@@ -110,7 +114,7 @@ def row_scales(message: Tensor) -> np.ndarray | None:
 
 def _check_video(message: Tensor, shape: list[int]) -> None:
     """An H.264 batch: uint8 [N, H, W], one non-empty packet per row of bounded size, adding up to the data."""
-    if message.dtype != DType.DTYPE_UINT8 or len(shape) != 3:
+    if message.dtype != DTYPE_UINT8 or len(shape) != 3:
         raise WireError(f"H.264 video must be uint8 [N, H, W], got {DType.Name(message.dtype)} {shape}")
     if len(message.packet_sizes) != shape[0]:
         raise WireError(f"H.264 video has {len(message.packet_sizes)} packet sizes for {shape[0]} rows")
@@ -140,9 +144,9 @@ def _check_bool(data: bytes) -> None:
 
 def element_bytes(message: Tensor, expected_bytes: int) -> bytes:
     """The element bytes of a validated message, decompressed; exactly `expected_bytes` long."""
-    if message.compression == Compression.COMPRESSION_NONE:
+    if message.compression == COMPRESSION_NONE:
         return message.data
-    if message.compression == Compression.COMPRESSION_H264:
+    if message.compression == COMPRESSION_H264:
         raise WireError("an H.264 video tensor decodes only in its stream's video decoder (splitrl.core.video)")
     try:
         # max_output_size bounds the allocation when the frame does not record its size.
@@ -151,6 +155,6 @@ def element_bytes(message: Tensor, expected_bytes: int) -> bytes:
         raise WireError(f"tensor data does not decompress: {error}") from None
     if len(data) != expected_bytes:
         raise WireError(f"tensor data decompresses to {len(data)} bytes but the shape needs {expected_bytes}")
-    if message.dtype == DType.DTYPE_BOOL:
+    if message.dtype == DTYPE_BOOL:
         _check_bool(data)
     return data

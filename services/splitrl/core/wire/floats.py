@@ -13,6 +13,10 @@ from splitrl.core.wire.checks import SCALE_FIELDS, row_scales
 from splitrl.core.wire.dtypes import (
     CODEC_DTYPES,
     DEFAULT_MAX_TENSOR_BYTES,
+    DTYPE_BFLOAT16,
+    DTYPE_FLOAT8_E4M3FN,
+    DTYPE_INT4,
+    DTYPE_INT8,
     FLOAT_CODECS,
     FLOAT_DTYPES,
     QUANTIZED_LIMIT,
@@ -45,7 +49,7 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
         raise ValueError(f"unknown float codec {codec!r}; expected one of {list(FLOAT_CODECS)}")
     compress = packing == "zstd"
     dtype = CODEC_DTYPES[precision]
-    if dtype == DType.DTYPE_BFLOAT16:
+    if dtype == DTYPE_BFLOAT16:
         return encode(value, dtype, compress=compress)
     if value.dim() == 0:
         raise WireError(f"codec {codec!r} scales per row and needs a tensor of rank >= 1, got a scalar")
@@ -57,11 +61,11 @@ def encode_float(value: torch.Tensor, codec: FloatCodec) -> Tensor:
     sent, scale_fields = scale_forms.pack(exact.numpy())
     scale = torch.from_numpy(sent)
     scaled = rows / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
-    if dtype == DType.DTYPE_FLOAT8_E4M3FN:
+    if dtype == DTYPE_FLOAT8_E4M3FN:
         quantized = scaled.clamp(-limit, limit).to(torch.float8_e4m3fn)
     else:
         quantized = scaled.round().clamp(-limit, limit).to(torch.int8)
-    if dtype == DType.DTYPE_INT4:
+    if dtype == DTYPE_INT4:
         message = tensor_message(dtype, value.shape, pack_int4(quantized), compress)
     else:
         message = encode(quantized.reshape(value.shape), compress=compress)
@@ -85,7 +89,7 @@ def decode_float(
     """
     dtype_info(message.dtype)  # an unknown dtype is reported as such
     # int8 and int4 are float encodings only with their scales (an empty batch has none to carry).
-    scaled_int = message.dtype in (DType.DTYPE_INT8, DType.DTYPE_INT4) and (
+    scaled_int = message.dtype in (DTYPE_INT8, DTYPE_INT4) and (
         any(getattr(message, field) for field in SCALE_FIELDS) or message.shape[:1] == [0]  # present, not decoded
     )
     if message.dtype not in FLOAT_DTYPES and not scaled_int:

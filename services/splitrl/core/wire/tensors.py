@@ -14,11 +14,12 @@ from splitrl.core.wire.checks import element_bytes, validate
 from splitrl.core.wire.dtypes import (
     BY_NUMPY,
     BY_TORCH,
+    COMPRESSION_ZSTD,
     DEFAULT_MAX_TENSOR_BYTES,
+    DTYPE_INT4,
     DTYPE_NAMES,
     DTYPES,
     ZSTD_LEVEL,
-    Compression,
     DType,
     Tensor,
     WireError,
@@ -35,7 +36,7 @@ def encode(value: torch.Tensor | np.ndarray, dtype: int | None = None, *, compre
 
     `compress` packs the bytes as one zstd frame (level ZSTD_LEVEL) that records its content size.
     """
-    if dtype == DType.DTYPE_INT4:
+    if dtype == DTYPE_INT4:
         raise WireError("int4 has no torch dtype to convert to; quantize with encode_float(value, 'int4')")
     if isinstance(value, np.ndarray) and (dtype is None or dtype_info(dtype).numpy is not None):
         return _encode_array(value, dtype, compress)
@@ -83,7 +84,7 @@ def tensor_message(dtype: int, shape: Sequence[int], data: bytes, compress: bool
         dtype=dtype,  # type: ignore[arg-type]
         shape=list(shape),
         data=packed,
-        compression=Compression.COMPRESSION_ZSTD,
+        compression=COMPRESSION_ZSTD,
     )
 
 
@@ -183,7 +184,7 @@ def _array(message: Tensor) -> np.ndarray:
     info = DTYPES[message.dtype]
     shape = tuple(message.shape)
     data = element_bytes(message, data_bytes(message.dtype, math.prod(shape)))
-    if message.dtype == DType.DTYPE_INT4:
+    if message.dtype == DTYPE_INT4:
         return _unpack_int4(data, math.prod(shape)).reshape(shape)
     # bytearray makes the one copy that gives numpy a writable buffer it owns.
     return np.frombuffer(bytearray(data), dtype=info.numpy).reshape(shape)
