@@ -6,11 +6,12 @@ import json
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
-from splitrl.core.envs import make_env, resize_frame
+from splitrl.core.envs import gray_frame, make_env, resize_frame
 
 
 def torch_area(frame: np.ndarray, size: int) -> np.ndarray:
@@ -40,6 +41,24 @@ def test_a_frame_of_the_size_already_comes_back_as_it_is_in_a_new_array():
 def test_an_integer_factor_averages_blocks_exactly():
     frame = np.arange(16, dtype=np.uint8).reshape(4, 4) * 10
     assert resize_frame(frame, 2).tolist() == [[25, 45], [105, 125]]
+
+
+class _RGBFrames(gym.Env[np.ndarray, int]):
+    """Only an observation space: what gymnasium's GrayscaleObservation wraps."""
+
+    observation_space = gym.spaces.Box(0, 255, (256, 256, 3), np.uint8)
+    action_space = gym.spaces.Discrete(1)
+
+
+def test_gray_frames_are_gymnasiums_for_every_colour():
+    gymnasiums = gym.wrappers.GrayscaleObservation(_RGBFrames(), keep_dim=False)
+    frame = np.empty((256, 256, 3), np.uint8)
+    frame[..., 1], frame[..., 2] = np.mgrid[0:256, 0:256]
+    for red in range(256):
+        frame[..., 0] = red
+        gray = gray_frame(frame)
+        assert gray.dtype == np.uint8
+        np.testing.assert_array_equal(gray, gymnasiums.observation(frame), err_msg=f"red {red}")
 
 
 def test_a_carracing_frame_is_resized_on_the_way_out_of_the_env():

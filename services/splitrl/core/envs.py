@@ -170,6 +170,22 @@ def _area_weights(length: int, size: int) -> np.ndarray:
     return weights
 
 
+#: The luma weights of red, green and blue (ITU-R BT.709): gymnasium's GrayscaleObservation's.
+LUMA_WEIGHTS = (0.2125, 0.7154, 0.0721)
+
+
+def gray_frame(frame: np.ndarray) -> np.ndarray:
+    """uint8 RGB [H, W, 3] -> uint8 [H, W]: gymnasium's GrayscaleObservation, pixel for pixel; a new array.
+
+    gymnasium multiplies the frame by LUMA_WEIGHTS in float64, sums the channel axis and truncates. Summing an
+    axis of 3 adds red, green and blue in that order, as here, where the planes are added instead (267 against
+    36 us for a 96 x 96 frame on the 2-core dev machine: 6% of a CarRacing agent step at repeat 4). Every one of
+    the 2**24 colours comes out the same (tests/unit/test_envs.py)."""
+    planes = frame.astype(np.float64)
+    red, green, blue = (planes[..., channel] * weight for channel, weight in enumerate(LUMA_WEIGHTS))
+    return (red + green + blue).astype(np.uint8)
+
+
 def resize_frame(frame: np.ndarray, size: int) -> np.ndarray:
     """uint8 [H, W] -> uint8 [size, size] by area averaging (numpy: no OpenCV, and no torch on the edge); always
     a new array."""
@@ -212,7 +228,8 @@ def make_env(
         raise ValueError(f"env {env_id!r} has observation space {space}; splitrl needs uint8 images (H, W[, C])")
     if len(space.shape) == 3:
         if space.shape[2] == 3:
-            env = gym.wrappers.GrayscaleObservation(env, keep_dim=False)
+            gray_space = gym.spaces.Box(0, 255, space.shape[:2], np.uint8)
+            env = gym.wrappers.TransformObservation(env, gray_frame, gray_space)
         elif space.shape[2] == 1:
             env = gym.wrappers.ReshapeObservation(env, space.shape[:2])
         else:
