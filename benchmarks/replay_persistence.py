@@ -59,7 +59,7 @@ def chunk(unroll: int, width: int) -> replay_pb2.Trajectory:
         encoder_versions=torch.zeros(unroll + 1, dtype=torch.int64),
     )
     message = tensors.to_proto()
-    message.observations.CopyFrom(wire.encode(tensors.observations, wire.DType.DTYPE_BFLOAT16))
+    message.observations.CopyFrom(wire.encode(tensors.observations, wire.DTYPE_BFLOAT16))
     return message
 
 

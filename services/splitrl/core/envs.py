@@ -170,7 +170,7 @@ def _area_weights(length: int, size: int) -> np.ndarray:
     return weights
 
 
-#: The luma weights of red, green and blue (ITU-R BT.709): gymnasium's GrayscaleObservation's.
+#: The luma weights of red, green and blue: gymnasium's GrayscaleObservation's (scikit-image's rounding of BT.709's).
 LUMA_WEIGHTS = (0.2125, 0.7154, 0.0721)
 
 

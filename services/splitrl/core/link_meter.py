@@ -40,6 +40,7 @@ def tensor_elements(message: Message) -> int:
 
 
 def _elements_of(tensor: tensor_pb2.Tensor) -> int:
+    """tensor_elements of one Tensor: never negative, and 0 for an unknown dtype."""
     shape = tensor.shape
     try:
         if tensor.compression == wire.COMPRESSION_NONE:
