@@ -38,7 +38,7 @@ async def cloud_side():
 
 
 def act_request(n: int = 2, data: bytes | None = None) -> rollout_pb2.ActRequest:
-    observations = wire.encode(torch.rand(n, WIDTH), wire.DType.DTYPE_BFLOAT16)
+    observations = wire.encode(torch.rand(n, WIDTH), wire.DTYPE_BFLOAT16)
     if data is not None:
         observations.data = data
     return rollout_pb2.ActRequest(
@@ -104,7 +104,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
     [
         (lambda r: r.observations.ClearField("shape") or r.observations.shape.extend([2, 1000]), "shape"),
         (lambda r: setattr(r.observations, "dtype", 99), "unsupported tensor dtype"),
-        (lambda r: setattr(r.observations, "dtype", wire.DType.DTYPE_INT64), "DTYPE_INT64 is not a float encoding"),
+        (lambda r: setattr(r.observations, "dtype", wire.DTYPE_INT64), "DTYPE_INT64 is not a float encoding"),
         (
             lambda r: (
                 r.observations.CopyFrom(wire.encode_float(torch.rand(2, WIDTH), "int8+zstd"))
@@ -112,7 +112,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
             ),
             "row_scale_bf16 holds a negative, NaN or Inf",
         ),
-        (lambda r: setattr(r.observations, "compression", wire.Compression.COMPRESSION_ZSTD), "not a zstd frame"),
+        (lambda r: setattr(r.observations, "compression", wire.COMPRESSION_ZSTD), "not a zstd frame"),
         (lambda r: r.observations.shape.__setitem__(0, -2), "negative"),
         (
             coded_rewards(b"\x02\x00", 2.0),
@@ -137,14 +137,12 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         (lambda r: setattr(r, "step_id_advance", 4), "first ActRequest sets first_step_id, not step_id_advance"),
         (lambda r: r.ClearField("first_step"), "neither first_step_id nor step_id_advance"),
         (
-            lambda r: r.observations.CopyFrom(
-                wire.encode(torch.full((2, WIDTH), float("nan")), wire.DType.DTYPE_BFLOAT16)
-            ),
+            lambda r: r.observations.CopyFrom(wire.encode(torch.full((2, WIDTH), float("nan")), wire.DTYPE_BFLOAT16)),
             "NaN",
         ),
         (
             # finite but absurd: bf16 2**121 once reached the value loss as -3.2e35 and made it infinite
-            lambda r: r.observations.CopyFrom(wire.encode(torch.full((2, WIDTH), 2.0**121), wire.DType.DTYPE_BFLOAT16)),
+            lambda r: r.observations.CopyFrom(wire.encode(torch.full((2, WIDTH), 2.0**121), wire.DTYPE_BFLOAT16)),
             "beyond this link's bound 6.55e+04",
         ),
         (

@@ -35,9 +35,9 @@ BAD_ACTIONS: list[tuple[str, wire.Tensor]] = [
     ("int64 where 3 choices cross as uint8", _actions(np.array([-1, 0], dtype=np.int64))),
     ("float for a discrete space", _actions(np.zeros(NUM_ENVS, dtype=np.float32))),
     ("one action for two envs", _actions(np.zeros(1, dtype=np.uint8))),
-    ("truncated bytes", wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[NUM_ENVS], data=b"\x00")),
-    ("not zstd", wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[NUM_ENVS], data=b"junk", compression=1)),
-    ("bfloat16 (no numpy dtype)", wire.encode(np.zeros(NUM_ENVS, dtype=np.float32), wire.DType.DTYPE_BFLOAT16)),
+    ("truncated bytes", wire.Tensor(dtype=wire.DTYPE_UINT8, shape=[NUM_ENVS], data=b"\x00")),
+    ("not zstd", wire.Tensor(dtype=wire.DTYPE_UINT8, shape=[NUM_ENVS], data=b"junk", compression=1)),
+    ("bfloat16 (no numpy dtype)", wire.encode(np.zeros(NUM_ENVS, dtype=np.float32), wire.DTYPE_BFLOAT16)),
 ]
 
 

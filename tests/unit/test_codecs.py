@@ -12,10 +12,10 @@ from splitrl.core.spec import ActionSpec
 @pytest.mark.parametrize(
     ("spec", "dtype", "shape", "bytes_per_env"),
     [
-        (ActionSpec("discrete", 5), wire.DType.DTYPE_UINT8, (4,), 1),
-        (ActionSpec("discrete", 256), wire.DType.DTYPE_UINT8, (4,), 1),
-        (ActionSpec("discrete", 257), wire.DType.DTYPE_INT64, (4,), 8),
-        (ActionSpec("continuous", 3, (-1.0,) * 3, (1.0,) * 3), wire.DType.DTYPE_FLOAT32, (4, 3), 12),
+        (ActionSpec("discrete", 5), wire.DTYPE_UINT8, (4,), 1),
+        (ActionSpec("discrete", 256), wire.DTYPE_UINT8, (4,), 1),
+        (ActionSpec("discrete", 257), wire.DTYPE_INT64, (4,), 8),
+        (ActionSpec("continuous", 3, (-1.0,) * 3, (1.0,) * 3), wire.DTYPE_FLOAT32, (4, 3), 12),
     ],
 )
 def test_actions_cross_in_the_narrowest_dtype_that_holds_every_choice(spec, dtype, shape, bytes_per_env):

@@ -187,7 +187,7 @@ def test_the_edges_training_imports_neither_dynamo_nor_sympy(tmp_path):
             edge = trainer(rows_per_pass)
             frames = torch.randint(0, 256, (2, 4, 36, 36), dtype=torch.uint8)
             edge.store.put([1, 2], [tuple(stack.unbind()) for stack in frames])
-            gradients = wire.encode(torch.ones(2, 32), wire.DType.DTYPE_BFLOAT16)
+            gradients = wire.encode(torch.ones(2, 32), wire.DTYPE_BFLOAT16)
             sent = edge.activations(training_pb2.ActivationRequest(request_id=1, steps=pack_step_ids([1, 2])))
             assert sent.activations.shape == [2, 32]
             edge.apply(training_pb2.EncoderGradients(request_id=1, gradients=gradients))  # split

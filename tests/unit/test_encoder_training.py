@@ -84,10 +84,10 @@ def test_split_gradients_train_the_encoder_through_the_kept_graph():
     before = [p.detach().clone() for p in trainer.encoder.parameters()]
     answer = trainer.activations(training_pb2.ActivationRequest(request_id=7, steps=pack_step_ids([1, 3, 42])))
     assert list(answer.missing_step_ids) == [42]
-    rows = wire.decode(answer.activations, expect_dtype=wire.DType.DTYPE_BFLOAT16, expect_shape=[2, WIDTH])
+    rows = wire.decode(answer.activations, expect_dtype=wire.DTYPE_BFLOAT16, expect_shape=[2, WIDTH])
     gradients = torch.ones_like(rows)
     applied = trainer.apply(
-        training_pb2.EncoderGradients(request_id=7, gradients=wire.encode(gradients, wire.DType.DTYPE_BFLOAT16))
+        training_pb2.EncoderGradients(request_id=7, gradients=wire.encode(gradients, wire.DTYPE_BFLOAT16))
     )
     assert applied.encoder_version == trainer.version == 1 and applied.unknown_step_ids == 0
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.encoder.parameters(), strict=True))
@@ -97,7 +97,7 @@ def test_split_gradients_train_the_encoder_through_the_kept_graph():
 def test_gradients_for_an_unknown_request_are_counted_not_applied():
     trainer, metrics = make_trainer()
     message = training_pb2.EncoderGradients(
-        request_id=99, gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16)
+        request_id=99, gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16)
     )
     applied = trainer.apply(message)
     assert applied.unknown_step_ids == 2 and applied.encoder_version == 0
@@ -110,7 +110,7 @@ def test_accumulate_gradients_recompute_the_forward_pass_and_skip_evicted_steps(
     message = training_pb2.EncoderGradients(
         request_id=5,
         steps=pack_step_ids([3, 1, 2]),
-        gradients=wire.encode(torch.ones(3, WIDTH), wire.DType.DTYPE_BFLOAT16),
+        gradients=wire.encode(torch.ones(3, WIDTH), wire.DTYPE_BFLOAT16),
     )
     applied = trainer.apply(message)
     assert applied.unknown_step_ids == 1 and applied.encoder_version == 1
@@ -121,7 +121,7 @@ def accumulate_gradients(learning_rate_scale: float | None) -> training_pb2.Enco
     message = training_pb2.EncoderGradients(
         request_id=5,
         steps=pack_step_ids([1, 2]),
-        gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+        gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16),
     )
     if learning_rate_scale is not None:
         message.learning_rate_scale = learning_rate_scale
@@ -308,7 +308,7 @@ def test_a_negative_rows_per_pass_is_refused_with_the_value():
             training_pb2.EncoderGradients(
                 request_id=1,
                 steps=pack_step_ids([1, 2]),
-                gradients=wire.encode(torch.ones(2, WIDTH + 1), wire.DType.DTYPE_BFLOAT16),
+                gradients=wire.encode(torch.ones(2, WIDTH + 1), wire.DTYPE_BFLOAT16),
             ),
             "expected \\[n, width\\]",
         ),
@@ -316,7 +316,7 @@ def test_a_negative_rows_per_pass_is_refused_with_the_value():
             training_pb2.EncoderGradients(
                 request_id=1,
                 steps=pack_step_ids([1]),
-                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16),
             ),
             "1 step ids for 2 rows",
         ),
@@ -324,7 +324,7 @@ def test_a_negative_rows_per_pass_is_refused_with_the_value():
             training_pb2.EncoderGradients(
                 request_id=1,
                 steps=training_pb2.StepIds(first=1, deltas=[-2]),
-                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16),
             ),
             "outside \\[0, 2\\*\\*63\\)",
         ),
@@ -332,7 +332,7 @@ def test_a_negative_rows_per_pass_is_refused_with_the_value():
             training_pb2.EncoderGradients(
                 request_id=1,
                 steps=training_pb2.StepIds(first=2**63 - 1, deltas=[1]),
-                gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+                gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16),
             ),
             "outside \\[0, 2\\*\\*63\\)",
         ),
@@ -363,7 +363,7 @@ def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
         message = training_pb2.EncoderGradients(
             request_id=step,
             steps=pack_step_ids([1, 2]),
-            gradients=wire.encode(torch.ones(2, WIDTH), wire.DType.DTYPE_BFLOAT16),
+            gradients=wire.encode(torch.ones(2, WIDTH), wire.DTYPE_BFLOAT16),
         )
         trainer.apply(message)
         assert path.exists() == (step >= 1)  # saved every 2 steps

@@ -140,7 +140,7 @@ def test_bf16_scales_round_as_torch_rounds():
 
 def test_int4_packs_two_numbers_per_byte_low_nibble_first():
     message = wire.encode_float(activations(), "int4")
-    assert message.dtype == DType.DTYPE_INT4 and len(message.data) == ROWS * WIDTH // 2
+    assert message.dtype == wire.DTYPE_INT4 and len(message.data) == ROWS * WIDTH // 2
     assert message.ByteSize() < 0.27 * wire.encode_float(activations(), "bf16").ByteSize()
 
     odd = wire.encode_float(torch.tensor([[7.0, -7.0, 1.0]]), "int4")  # scale 1: elements 7, -7, 1
@@ -153,7 +153,7 @@ def test_int4_packs_two_numbers_per_byte_low_nibble_first():
     [(bytes([0x08, 0x00]), "holds -8"), (bytes([0x11, 0x10]), "non-zero padding nibble"), (b"\x11", "needs 2")],
 )
 def test_corrupt_int4_tensors_are_refused(data, error):
-    message = wire.Tensor(dtype=DType.DTYPE_INT4, shape=[1, 3], data=data, row_scale=[1.0])
+    message = wire.Tensor(dtype=wire.DTYPE_INT4, shape=[1, 3], data=data, row_scale=[1.0])
     with pytest.raises(wire.WireError, match=error):
         wire.decode_float(message)
 
@@ -183,7 +183,7 @@ def test_float32_row_scales_are_still_read():
 def test_zstd_is_left_out_where_it_would_not_shrink_the_data():
     """A narrow activation row: a zstd frame of 64 random int4 bytes is larger than the bytes."""
     message = wire.encode_float(torch.randn(4, 32, generator=torch.Generator().manual_seed(0)), "int4+zstd")
-    assert message.compression == wire.Compression.COMPRESSION_NONE and len(message.data) == 64
+    assert message.compression == wire.COMPRESSION_NONE and len(message.data) == 64
     assert message.ByteSize() == wire.encode_float(torch.randn(4, 32), "int4").ByteSize()
 
 
@@ -192,9 +192,9 @@ def test_zstd_shrinks_redundant_data_and_records_its_size():
     frame[0, 40:60, 40:60] = 200
     message = wire.encode(frame, compress=True)
 
-    assert message.compression == wire.Compression.COMPRESSION_ZSTD
+    assert message.compression == wire.COMPRESSION_ZSTD
     assert len(message.data) < frame.numel() / 20
-    assert torch.equal(wire.decode(message, expect_dtype=DType.DTYPE_UINT8, expect_shape=[None, 96, 96]), frame)
+    assert torch.equal(wire.decode(message, expect_dtype=wire.DTYPE_UINT8, expect_shape=[None, 96, 96]), frame)
 
 
 def test_empty_batches_round_trip_in_every_codec():
@@ -262,7 +262,7 @@ def test_decode_float_refuses_integer_tensors_and_non_finite_values():
     with pytest.raises(wire.WireError, match="DTYPE_INT8 is not a float encoding"):
         wire.decode_float(wire.encode(torch.ones(2, 2, dtype=torch.int8)))  # int8 without scales
     with pytest.raises(wire.WireError, match="NaN or Inf"):
-        wire.decode_float(wire.encode(torch.tensor([[1.0, math.nan]]), DType.DTYPE_BFLOAT16))
+        wire.decode_float(wire.encode(torch.tensor([[1.0, math.nan]]), wire.DTYPE_BFLOAT16))
     with pytest.raises(wire.WireError, match="row_scale is set on a DTYPE_BFLOAT16"):
         message = wire.encode_float(activations(), "bf16")
         message.row_scale.extend([1.0] * ROWS)
@@ -334,6 +334,6 @@ def test_int4_is_only_reached_through_encode_float_and_counts_its_elements_exact
     from splitrl.core.link_meter import tensor_elements
 
     with pytest.raises(wire.WireError, match="encode_float"):
-        wire.encode(torch.ones(2, 3), DType.DTYPE_INT4)
+        wire.encode(torch.ones(2, 3), wire.DTYPE_INT4)
     for count in (1, 3, 4):  # an odd count leaves half a byte of padding, which is no element
         assert tensor_elements(wire.encode_float(torch.ones(1, count), "int4")) == count

@@ -44,9 +44,9 @@ def test_tensor_elements_of_a_tensor_is_its_shape_product():
 
 
 def test_tensor_elements_counts_the_data_a_forged_shape_does_not_carry():
-    forged = wire.Tensor(dtype=wire.DType.DTYPE_FLOAT32, shape=[10**9, 10**9], data=bytes(8))
+    forged = wire.Tensor(dtype=wire.DTYPE_FLOAT32, shape=[10**9, 10**9], data=bytes(8))
     assert tensor_elements(forged) == 2
-    negative = wire.Tensor(dtype=wire.DType.DTYPE_UINT8, shape=[-1, 3], data=b"")
+    negative = wire.Tensor(dtype=wire.DTYPE_UINT8, shape=[-1, 3], data=b"")
     assert tensor_elements(negative) == 0
     assert tensor_elements(wire.Tensor(dtype=99, shape=[4], data=bytes(4))) == 0
     # A negative int4 count needs (-4 + 7) // 8 = 0 bytes: it once "fit" empty data and counted -1, which

@@ -184,10 +184,10 @@ def test_to_proto_from_proto_round_trips_exactly():
 
 def test_to_proto_uses_the_documented_wire_dtypes():
     message = chunk_proto()
-    assert message.values.dtype == wire.DType.DTYPE_FLOAT32
-    assert message.terminated.dtype == wire.DType.DTYPE_BOOL
-    assert message.step_ids.dtype == wire.DType.DTYPE_INT64
-    assert message.observations.dtype == wire.DType.DTYPE_UINT8
+    assert message.values.dtype == wire.DTYPE_FLOAT32
+    assert message.terminated.dtype == wire.DTYPE_BOOL
+    assert message.step_ids.dtype == wire.DTYPE_INT64
+    assert message.observations.dtype == wire.DTYPE_UINT8
 
 
 @pytest.fixture(params=[from_proto, check], ids=["from_proto", "check"])
@@ -202,7 +202,7 @@ def test_check_reads_compressed_fields_to_the_end():
     zeros = wire.encode(torch.zeros(T))
     message.rewards.CopyFrom(zeros)
     message.rewards.data = zstandard.ZstdCompressor().compress(zeros.data)
-    message.rewards.compression = wire.Compression.COMPRESSION_ZSTD
+    message.rewards.compression = wire.COMPRESSION_ZSTD
     check(message)
     message.rewards.data = message.rewards.data[:-2]  # a valid zstd header, a truncated body
     with pytest.raises(wire.WireError, match=r"Trajectory\.rewards: tensor data does not decompress"):
@@ -239,7 +239,7 @@ def test_from_proto_rejects_a_field_without_rows(read):
 
 def test_from_proto_rejects_values_of_the_wrong_dtype(read):
     message = chunk_proto()
-    message.values.CopyFrom(wire.encode(torch.zeros(T + 1), dtype=wire.DType.DTYPE_BFLOAT16))
+    message.values.CopyFrom(wire.encode(torch.zeros(T + 1), dtype=wire.DTYPE_BFLOAT16))
     with pytest.raises(wire.WireError, match=r"Trajectory\.values: .*DTYPE_BFLOAT16, expected DTYPE_FLOAT32"):
         read(message)
 

@@ -145,7 +145,7 @@ def test_plain_decode_refuses_video_and_video_needs_uint8_frames():
     message = video.VideoStreamEncoder(SIZE, VideoSettings()).encode(driving_frames(1)[0])
     with pytest.raises(wire.WireError, match="only in its stream's video decoder"):
         wire.decode(message)
-    message.dtype = wire.DType.DTYPE_INT8
+    message.dtype = wire.DTYPE_INT8
     with pytest.raises(wire.WireError, match="expected DTYPE_UINT8"):
         wire.video_packets(message)
     with pytest.raises(wire.WireError, match="must be uint8"):

@@ -112,9 +112,9 @@ def test_torch_scalar_keeps_its_empty_shape():
 @given(values=st.lists(st.floats(width=32, allow_nan=False), max_size=MAX_ELEMENTS))
 def test_encode_to_bfloat16_matches_torch_conversion(values):
     tensor = torch.tensor(values, dtype=torch.float32)
-    message = wire.encode(tensor, dtype=DType.DTYPE_BFLOAT16)
+    message = wire.encode(tensor, dtype=wire.DTYPE_BFLOAT16)
 
-    assert message.dtype == DType.DTYPE_BFLOAT16
+    assert message.dtype == wire.DTYPE_BFLOAT16
     assert torch.equal(bits(wire.decode(message)), bits(tensor.to(torch.bfloat16)))
 
 
@@ -145,7 +145,7 @@ def test_float32_data_is_little_endian_row_major():
 
 
 def test_bfloat16_one_is_0x3f80_little_endian():
-    assert wire.encode(torch.tensor([1.0]), dtype=DType.DTYPE_BFLOAT16).data == b"\x80\x3f"
+    assert wire.encode(torch.tensor([1.0]), dtype=wire.DTYPE_BFLOAT16).data == b"\x80\x3f"
 
 
 def test_int64_is_eight_little_endian_bytes():
@@ -156,7 +156,7 @@ def test_int64_is_eight_little_endian_bytes():
 
 
 def float32_message(shape: list[int], data_bytes: int) -> wire.Tensor:
-    return wire.Tensor(dtype=DType.DTYPE_FLOAT32, shape=shape, data=b"\x00" * data_bytes)
+    return wire.Tensor(dtype=wire.DTYPE_FLOAT32, shape=shape, data=b"\x00" * data_bytes)
 
 
 def test_unspecified_dtype_is_rejected():
@@ -184,7 +184,7 @@ def test_data_length_mismatch_names_both_lengths(data_bytes):
 
 
 def test_tensor_over_max_bytes_is_rejected_and_at_the_bound_accepted():
-    message = wire.Tensor(dtype=DType.DTYPE_UINT8, shape=[10, 10], data=bytes(100))
+    message = wire.Tensor(dtype=wire.DTYPE_UINT8, shape=[10, 10], data=bytes(100))
     assert wire.decode(message, max_bytes=100).shape == (10, 10)
     with pytest.raises(wire.WireError, match="needs 100 bytes, over the limit of 99"):
         wire.decode(message, max_bytes=99)
@@ -201,8 +201,8 @@ def test_forged_huge_shape_fails_on_the_bound_without_allocating():
 def test_expect_dtype_mismatch_names_both_dtypes():
     message = wire.encode(torch.zeros(2))
     with pytest.raises(wire.WireError, match="DTYPE_FLOAT32, expected DTYPE_UINT8"):
-        wire.decode(message, expect_dtype=DType.DTYPE_UINT8)
-    assert wire.decode(message, expect_dtype=DType.DTYPE_FLOAT32).shape == (2,)
+        wire.decode(message, expect_dtype=wire.DTYPE_UINT8)
+    assert wire.decode(message, expect_dtype=wire.DTYPE_FLOAT32).shape == (2,)
 
 
 @pytest.mark.parametrize("expected", [[2, 3, 1], [2], [2, 4], [3, 3]], ids=["rank+1", "rank-1", "size", "first-dim"])
@@ -222,7 +222,7 @@ def test_expect_shape_accepts_none_as_a_wildcard():
 
 def test_bool_bytes_other_than_zero_or_one_are_rejected():
     with pytest.raises(wire.WireError):
-        wire.decode(wire.Tensor(dtype=DType.DTYPE_BOOL, shape=[3], data=bytes([0, 1, 2])))
+        wire.decode(wire.Tensor(dtype=wire.DTYPE_BOOL, shape=[3], data=bytes([0, 1, 2])))
 
 
 def test_decode_returns_a_writable_copy():
@@ -238,7 +238,7 @@ def test_decode_returns_a_writable_copy():
 
 
 def test_decode_of_an_empty_tensor_keeps_its_shape():
-    decoded = wire.decode(wire.Tensor(dtype=DType.DTYPE_INT64, shape=[0, 5], data=b""))
+    decoded = wire.decode(wire.Tensor(dtype=wire.DTYPE_INT64, shape=[0, 5], data=b""))
     assert decoded.shape == (0, 5)
     assert decoded.dtype == torch.int64
 
@@ -256,8 +256,8 @@ def test_data_bytes_and_elements_in():
 
 
 def test_dtype_code_by_name():
-    assert wire.dtype_code("bfloat16") == DType.DTYPE_BFLOAT16
-    assert wire.dtype_code("uint8") == DType.DTYPE_UINT8
+    assert wire.dtype_code("bfloat16") == wire.DTYPE_BFLOAT16
+    assert wire.dtype_code("uint8") == wire.DTYPE_UINT8
 
 
 def test_dtype_code_rejects_an_unknown_name():
@@ -284,11 +284,11 @@ def test_big_endian_and_strided_numpy_arrays_are_sent_little_endian_row_major():
 
 
 def test_decode_array_refuses_what_numpy_cannot_hold_and_validates_like_decode():
-    for dtype in (DType.DTYPE_BFLOAT16, DType.DTYPE_FLOAT8_E4M3FN):
+    for dtype in (wire.DTYPE_BFLOAT16, wire.DTYPE_FLOAT8_E4M3FN):
         message = wire.encode(torch.zeros(2), dtype)
         with pytest.raises(wire.WireError, match="has no numpy dtype"):
             wire.decode_array(message)
-    truncated = wire.Tensor(dtype=DType.DTYPE_INT64, shape=[2], data=b"\x00" * 9)
+    truncated = wire.Tensor(dtype=wire.DTYPE_INT64, shape=[2], data=b"\x00" * 9)
     with pytest.raises(wire.WireError, match="needs 16"):
         wire.decode_array(truncated)
     quantized = wire.encode_float(torch.tensor([[0.5, -1.0, 0.25]]), "int4")

@@ -135,7 +135,7 @@ def assert_clean(code: grpc.StatusCode, details: str) -> None:
 
 
 def activation_step(n: int = 2) -> rollout_pb2.ActRequest:
-    observations = wire.encode(torch.rand(n, WIDTH), wire.DType.DTYPE_BFLOAT16)
+    observations = wire.encode(torch.rand(n, WIDTH), wire.DTYPE_BFLOAT16)
     return rollout_pb2.ActRequest(
         observations=observations, rewards=[0.0] * n, terminated=[False] * n, truncated=[False] * n, first_step_id=0
     )

@@ -52,7 +52,7 @@ def plausible_tensors(draw: st.DrawFn, dims: tuple[int, ...], dtype: str = "floa
         poison = draw(st.sampled_from([None, math.nan, math.inf, -math.inf]))
         if poison is not None and values.numel():
             values.view(-1)[draw(st.integers(0, values.numel() - 1))] = poison
-            message = wire.encode(values, wire.DType.DTYPE_BFLOAT16)
+            message = wire.encode(values, wire.DTYPE_BFLOAT16)
         else:
             message = wire.encode_float(values, draw(st.sampled_from(wire.FLOAT_CODECS)))
     breakage = draw(
