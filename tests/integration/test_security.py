@@ -29,13 +29,15 @@ TOKEN = "s3cret-token-for-this-test"
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory) -> certs.Pki:
-    return certs.generate(tmp_path_factory.mktemp("tls"), ["replay", "client"])
+    """The replay server's certificate, and a client's that may call every method these tests call (a learner's
+    methods, and Insert, inference's: "writer")."""
+    return certs.generate(tmp_path_factory.mktemp("tls"), ["replay", "client=learner", "writer=inference"])
 
 
 @pytest.fixture(scope="module")
 def other_pki(tmp_path_factory) -> certs.Pki:
     """A second CA: its certificates are well-formed but not trusted by `pki`'s server."""
-    return certs.generate(tmp_path_factory.mktemp("other-tls"), ["client"])
+    return certs.generate(tmp_path_factory.mktemp("other-tls"), ["client=learner"])
 
 
 def transport(pki: certs.Pki, host: str, mode: str = "mtls", **extra) -> dict:
@@ -103,6 +105,7 @@ async def test_mtls_serves_only_clients_with_a_certificate_from_its_ca(pki, othe
 
         async with rpc.dial(target, TransportSettings(**transport(pki, "client"))) as channel:
             assert [table.name for table in (await info(channel)).tables] == ["rollouts"]
+        async with rpc.dial(target, TransportSettings(**transport(pki, "writer"))) as channel:
             assert await insert_one(channel) == 0
     finally:
         await host.stop()
@@ -144,6 +147,8 @@ async def test_bearer_token_is_required_except_for_health_checks(pki, tmp_path, 
 
         async with rpc.dial(target, TransportSettings(**client, auth_token_file=token_file(tmp_path, TOKEN))) as ok:
             assert (await info(ok)).tables
+        writer = transport(pki, "writer") if mode == "mtls" else {"tls": "plaintext"}
+        async with rpc.dial(target, TransportSettings(**writer, auth_token_file=token_file(tmp_path, TOKEN))) as ok:
             assert await insert_one(ok) == 0  # the token rides on streams too
         assert unauthenticated(host) == 3
         # The server keeps serving after refusals: a second wrong call is refused the same way.
@@ -183,7 +188,7 @@ async def test_a_statefulset_pod_name_verifies_under_its_services_wildcard(tmp_p
     """Inference replicas on Kubernetes are dialled as POD.SERVICE.SUFFIX (k8s/overlays/scale-out): the
     certificate of SERVICE covers each pod through `*.SERVICE.SUFFIX`, and nothing deeper or elsewhere."""
     suffix = "splitrl.svc"
-    pki = certs.generate(tmp_path, ["replay", "client"], dns_suffixes=[suffix])
+    pki = certs.generate(tmp_path, ["replay", "client=learner"], dns_suffixes=[suffix])
     host = await start_replay(**transport(pki, "replay"))
     target = f"127.0.0.1:{host.grpc_port}"
     try:

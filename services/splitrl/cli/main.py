@@ -91,15 +91,30 @@ def _add_commands(commands: Any) -> None:
     _add_bench_and_report(commands)
     certs = commands.add_parser(
         "certs",
-        help="Make a CA and one TLS certificate per host (mounted secrets for compose and k8s).",
-        description="Write ca.pem, ca-key.pem and HOST.pem + HOST-key.pem for each host (EC P-256; names HOST, "
-        "localhost, 127.0.0.1, ::1; server and client use) under OUT. Mount ca.pem and a host's pair; keep ca-key.pem.",
+        help="Make a CA and one role certificate per service and per edge device (secrets for compose and k8s).",
+        description="Write ca.pem, ca-key.pem and NAME.pem + NAME-key.pem for each host and edge device (EC P-256; "
+        "names NAME, localhost, 127.0.0.1, ::1; server and client use) under OUT. Each certificate names its "
+        "holder as spiffe://splitrl/ROLE/INSTANCE, which servers authorise each RPC by. Mount ca.pem and a "
+        "holder's pair; keep ca-key.pem to add edges later (--reuse-ca).",
     )
     certs.add_argument("--out", type=Path, required=True, help="Directory to write (created; files replaced).")
     certs.add_argument(
         "--hosts",
         default="replay,inference,learner,edge-encoder,environment",
-        help="Comma-separated names, one certificate each; a name is what peers dial (default: the five services).",
+        help="Comma-separated NAME or NAME=ROLE, one certificate each; NAME is what peers dial, its role is read "
+        "from it (inference-1: inference) unless given (default: the five services). Empty: none.",
+    )
+    certs.add_argument(
+        "--edges",
+        default="",
+        help="Comma-separated edge device ids: each gets edge-encoder-ID and environment-ID certificates "
+        "(identities edge-encoder/ID and environment/ID, which a deny list names to revoke the device).",
+    )
+    certs.add_argument(
+        "--reuse-ca",
+        action="store_true",
+        help="Sign with the CA already in OUT (ca.pem, ca-key.pem) instead of making a new one: adds certificates "
+        "(a new edge, a renewal) without reissuing the rest.",
     )
     certs.add_argument("--days", type=int, default=365, help="Days the certificates are valid.")
     certs.add_argument(
@@ -296,10 +311,13 @@ def _certs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             args.days,
             dns_suffixes=_split(args.dns_suffixes),
             extra_names=_split(args.names),
+            edges=_split(args.edges),
+            reuse_ca=args.reuse_ca,
         )
     except (OSError, ValueError) as error:
         parser.exit(2, f"splitrl certs: {error}\n")
-    print(f"wrote {pki.ca} (trust) and {pki.ca_key} (keep private; not mounted)")
+    made = "signed with" if args.reuse_ca else "wrote"
+    print(f"{made} {pki.ca} (trust) and {pki.ca_key} (keep private; not mounted)")
     for host, (cert, key) in pki.pairs.items():
         print(f"  {host}: {cert} {key}")
     return 0
@@ -340,7 +358,7 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
     from splitrl.core.memory import one_heap
 
     one_heap()  # before the service's imports start threads of their own (gRPC's, torch's)
-    from splitrl.core import security
+    from splitrl.core import authz, security
     from splitrl.core.ports import PortUnavailable
     from splitrl.core.service import run_service
 
@@ -351,7 +369,8 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
 
     try:
         settings: Any = settings_from_args(load(SERVICES[name].settings), args, read_config=recipe_share)
-        security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
+        transport = security.load(settings)  # missing or unreadable TLS files: the fix is printed, not a traceback
+        authz.deny_list_for(settings.deny_list_file, transport.mode)
     except ValueError as error:
         parser.exit(2, f"splitrl serve {name}: {error}\n")
     service_cls = load(SERVICES[name].service)

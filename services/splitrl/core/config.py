@@ -186,6 +186,15 @@ class ServerSettings(TransportSettings):
         "keeps its own.",
     )
     shutdown_grace_s: float = Field(5.0, gt=0, description="Seconds in-flight calls get to finish on SIGTERM.")
+    deny_list_file: Path | None = Field(
+        None,
+        description="Under mtls: identities this server refuses, one a line (a SPIFFE ID, or an edge's instance name "
+        "for all its roles); re-read while serving, and open calls of a newly listed identity are ended.",
+    )
+    deny_list_poll_s: float = Field(2.0, gt=0, description="Seconds between checks of --deny-list-file for changes.")
+    reflection: bool = Field(
+        False, description="Serve gRPC reflection (to any certificate of the CA): off, so a peer cannot list the API."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Logging level.")
     final_metrics_file: Path | None = Field(
         None, description="On shutdown, after draining, write the final /metrics text here (run summaries)."

@@ -122,6 +122,7 @@ SERVICE_FAMILIES: dict[str, frozenset[str]] = {
             "splitrl_encoder_lag",
             "splitrl_stale_activations_dropped",
             "splitrl_unknown_step_ids",
+            "splitrl_learner_skipped_steps",
         }
     ),
 }
@@ -319,6 +320,12 @@ class Metrics:
         self.learner_last_update = Gauge(
             LEARNER_LAST_UPDATE,
             "Unix time at which the learner completed its last update (set with the count, by rank 0); 0 before.",
+            registry=None,
+        )
+        self.learner_skipped_steps = Counter(
+            "splitrl_learner_skipped_steps",
+            "Optimizer steps the learner did not take because their gradients were not finite (NaN or Inf): the "
+            "weights stay as they were.",
             registry=None,
         )
         self.learner_weights_checksum = Gauge(

@@ -18,7 +18,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from splitrl.core import security
+from splitrl.core import authz, security
 from splitrl.core.config import TransportSettings
 from splitrl.core.metrics import Metrics
 from splitrl.core.wire import WireError
@@ -110,6 +110,8 @@ def _status_for(error: BaseException) -> grpc.StatusCode | None:
         return grpc.StatusCode.FAILED_PRECONDITION
     if isinstance(error, Busy):
         return grpc.StatusCode.ABORTED
+    if isinstance(error, authz.PermissionDenied):
+        return grpc.StatusCode.PERMISSION_DENIED
     return None
 
 
@@ -177,7 +179,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behaviour(request, context)
-            except (WireError, BadRequest, Refused, Busy, UpstreamFailed) as error:
+            except (WireError, BadRequest, Refused, Busy, UpstreamFailed, authz.PermissionDenied) as error:
                 await self._abort(context, method, error)
 
         return wrapped
@@ -188,7 +190,7 @@ class ErrorMappingInterceptor(grpc.aio.ServerInterceptor):
             try:
                 async for response in behaviour(request_iterator, context):
                     yield response
-            except (WireError, BadRequest, Refused, Busy, UpstreamFailed) as error:
+            except (WireError, BadRequest, Refused, Busy, UpstreamFailed, authz.PermissionDenied) as error:
                 await self._abort(context, method, error)
             finally:
                 self._metrics.streams_open.labels(method=method).dec()
@@ -230,24 +232,36 @@ class CallTasks(grpc.aio.ServerInterceptor):
 
 
 async def create_server(
-    metrics: Metrics, service_names: Sequence[str], token: str | None = None, *, wan: bool = False
+    metrics: Metrics,
+    service_names: Sequence[str],
+    token: str | None = None,
+    *,
+    wan: bool = False,
+    roles: authz.RoleInterceptor | None = None,
+    serve_reflection: bool = False,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, CallTasks]:
-    """A grpc.aio server with health checking, reflection and error mapping; services are added by the caller.
+    """A grpc.aio server with health checking and error mapping; services are added by the caller.
     `wan`: edges dial it across the WAN (WAN_FLOW_CONTROL). The CallTasks are its calls still running.
 
     Health starts NOT_SERVING for every name; the caller flips it once ready. With a `token`, every call
     but health checks must carry it (security.BearerTokenInterceptor: the first interceptor that acts on a
-    call, so no handler runs before it; CallTasks before it only notes the call's task).
+    call, so no handler runs before it; CallTasks before it only notes the call's task). With `roles`, each
+    call must then come from a role allowed to make it (authz.RoleInterceptor), before any request is parsed.
+    Reflection is served only with `serve_reflection`.
     """
     calls = CallTasks()
-    interceptors: list[grpc.aio.ServerInterceptor] = [calls, ErrorMappingInterceptor(metrics)]
+    interceptors: list[grpc.aio.ServerInterceptor] = [calls]
     if token is not None:
-        interceptors.insert(1, security.BearerTokenInterceptor(token, metrics))
+        interceptors.append(security.BearerTokenInterceptor(token, metrics))
+    if roles is not None:
+        interceptors.append(roles)
+    interceptors.append(ErrorMappingInterceptor(metrics))
     server = grpc.aio.server(interceptors=interceptors, options=server_options(wan=wan))
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     await set_serving(health_servicer, service_names, serving=False)
-    reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if serve_reflection:
+        reflection.enable_server_reflection((*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     return server, health_servicer, calls
 
 

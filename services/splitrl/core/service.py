@@ -24,7 +24,7 @@ import grpc
 import prometheus_client
 from prometheus_client import CollectorRegistry, generate_latest
 
-from splitrl.core import ports, rpc, security
+from splitrl.core import authz, ports, rpc, security
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
 
@@ -137,14 +137,22 @@ class ServiceHost:
     _http: object = field(repr=False)
     _health: object = field(repr=False)
     _calls: rpc.CallTasks = field(repr=False)
+    #: Re-reads the deny list (authz.RoleInterceptor.watch) while serving; None without one.
+    _deny_list_watch: asyncio.Task[None] | None = field(repr=False)
     #: What the host is doing, for the shutdown deadline's log line when something hangs.
     stage: str = "serving"
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
         transport = security.load(settings)  # before anything starts: bad TLS settings fail here, clearly
+        roles = _role_interceptor(settings, transport.mode, metrics)
         server, health_servicer, calls = await rpc.create_server(
-            metrics, service.service_names, transport.token, wan=service.serves_wan
+            metrics,
+            service.service_names,
+            transport.token,
+            wan=service.serves_wan,
+            roles=roles,
+            serve_reflection=settings.reflection,
         )
         service.register(server)
         grpc_port = ports.bind_grpc(server, settings.host, settings.port, transport.server_credentials())
@@ -155,9 +163,12 @@ class ServiceHost:
             await server.stop(None)
             raise
         metrics_port = http.server_port
+        watcher = None
+        if roles is not None and settings.deny_list_file is not None:
+            watcher = asyncio.create_task(roles.watch(settings.deny_list_poll_s), name="deny list")
         await service.start()
         await rpc.set_serving(health_servicer, service.service_names, serving=True)
-        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer, calls)
+        host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer, calls, watcher)
         if settings.port_file is not None:
             tmp = settings.port_file.with_suffix(".tmp")
             tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}))
@@ -176,6 +187,8 @@ class ServiceHost:
     async def stop(self) -> None:
         """Report NOT_SERVING, drain in-flight calls (background work still serves them), then stop that work."""
         self.stage = "draining in-flight calls"
+        if self._deny_list_watch is not None:
+            self._deny_list_watch.cancel()
         await self._health.enter_graceful_shutdown()  # type: ignore[attr-defined]
         await self.server.stop(self.settings.shutdown_grace_s)
         self.stage = "letting ended calls unwind"
@@ -195,6 +208,19 @@ class ServiceHost:
         self._http.shutdown()  # type: ignore[attr-defined]
         self._http.server_close()  # type: ignore[attr-defined]
         self.stage = "exiting (waiting for worker threads)"
+
+
+def _role_interceptor(settings: ServerSettings, mode: str, metrics: Metrics) -> authz.RoleInterceptor | None:
+    """Roles are enforced under mtls, the one mode in which a caller is known; otherwise this says so loudly."""
+    deny_list = authz.deny_list_for(settings.deny_list_file, mode)
+    if deny_list is not None:
+        return authz.RoleInterceptor(metrics, deny_list)
+    log.warning(
+        "NO AUTHORISATION (--tls %s): without client certificates any peer that reaches this port may call any "
+        "of its RPCs; use --tls mtls with `splitrl certs` certificates",
+        mode,
+    )
+    return None
 
 
 class ShutdownDeadline:

@@ -38,6 +38,11 @@ def first_id(prefix: int) -> int:
     return prefix << STEP_ID_BITS
 
 
+def prefix_of_id(step_id: int) -> int:
+    """The issuing edge's prefix of one step id."""
+    return step_id >> STEP_ID_BITS
+
+
 def prefix_of(step_ids: torch.Tensor) -> torch.Tensor:
     """The issuing edge's prefix of each int64 step id."""
     return step_ids >> STEP_ID_BITS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -21,10 +22,13 @@ def to_proto(version: int, state_dict: Mapping[str, torch.Tensor], dtype: int = 
     )
 
 
-def from_proto(message: weights_pb2.Weights, reference: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def from_proto(
+    message: weights_pb2.Weights, reference: Mapping[str, torch.Tensor], *, max_magnitude: float = math.inf
+) -> dict[str, torch.Tensor]:
     """Decode `message` into a state_dict shaped like `reference`; BadRequest/WireError name any mismatch.
 
-    Every entry of `reference` must be present exactly once with its shape, and finite.
+    Every entry of `reference` must be present exactly once with its shape, finite, and no |value| above
+    `max_magnitude`.
     """
     received: dict[str, torch.Tensor] = {}
     for named in message.tensors:
@@ -39,6 +43,9 @@ def from_proto(message: weights_pb2.Weights, reference: Mapping[str, torch.Tenso
             raise wire.WireError(f"Weights entry {named.name!r}: {error}") from None
         if value.is_floating_point() and not bool(torch.isfinite(value).all()):
             raise BadRequest(f"Weights entry {named.name!r} holds NaN or Inf")
+        largest = float(value.abs().max()) if value.numel() else 0.0
+        if largest > max_magnitude:
+            raise BadRequest(f"Weights entry {named.name!r} holds |{largest:.3g}|, above the bound {max_magnitude:.3g}")
         received[named.name] = value.to(want.dtype)
     missing = sorted(reference.keys() - received.keys())
     if missing:

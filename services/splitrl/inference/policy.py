@@ -3,6 +3,7 @@ Runtime (core.onnx_forward: the same outputs within float32 rounding, in about h
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, get_args
@@ -78,6 +79,9 @@ class Policy:
         self._head = head
         self._threads = threads
         self._graph: ForwardGraph | None = None  # written by the first prepare
+        # The weights thread's own copy, to try new weights on without touching the one acting.
+        self._probe_network = copy.deepcopy(self.network)
+        self._probe_inputs = _probe_inputs(mode, model)
         self._session: Session | None = None  # None: acting in torch
 
     def prepare(self, state_dict: dict[str, torch.Tensor]) -> PreparedWeights:
@@ -104,12 +108,32 @@ class Policy:
         """A copy of the weights acted with now and their version, for `prepare`; call it where `act` runs."""
         return {name: value.clone() for name, value in self.network.state_dict().items()}, self.version
 
-    def load(self, weights: PreparedWeights, version: int) -> None:
+    def check_outputs(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """BadRequest unless `state_dict` gives finite action parameters and values on the probe inputs (blank
+        and saturated observations): finite weights can still overflow float32 on the way through the layers,
+        and acting with them would fail every request. Call it from the weights thread, beside `act`."""
+        self._probe_network.load_state_dict(state_dict)
+        try:
+            with torch.no_grad():
+                _, values = self._probe_network(self._probe_inputs)
+        except ValueError as error:  # torch's distributions refuse non-finite parameters as they are made
+            raise BadRequest(
+                f"these weights give an invalid action distribution on probe observations: {error}"
+            ) from None
+        if not bool(torch.isfinite(values).all()):
+            raise BadRequest("these weights give non-finite values on probe observations")
+
+    def load(self, weights: PreparedWeights, version: int, *, rewind: bool = False) -> None:
         """Swap in new weights; later batches act with them as `version`. A version older than the current one is
-        refused (BadRequest), so versions never go back, whichever stream brought them; the same version again is
-        taken: a learner resumed from its checkpoint re-publishes it. Call it where `act` runs, not beside it."""
-        if version < self.version:
+        refused (BadRequest) unless `rewind`, so versions never go back on their own: a rewind is a learner resumed
+        from an older checkpoint, allowed on a Publish stream's first message. The same version again is taken.
+        Call it where `act` runs, not beside it."""
+        if version < self.version and not rewind:
             raise BadRequest(f"Weights.version {version} is older than {self.version}")
+        if version < self.version:
+            log.warning(
+                "weights version %d replaces %d: a learner resumed from an older checkpoint", version, self.version
+            )
         self.network.load_state_dict(weights.state_dict)
         self._session = weights.session
         self.version = version
@@ -132,3 +156,12 @@ class Policy:
             return self.network(observations)  # type: ignore[no-any-return]
         outputs = self._session.run(observations)
         return self._head.distribution(outputs.logits_or_mean), outputs.value
+
+
+def _probe_inputs(mode: Mode, model: ModelConfig) -> torch.Tensor:
+    """Two observations at the ends of their range: frame stacks all black and all white (cloud), or activations
+    all 0 and all 1 (split modes)."""
+    if mode == "cloud":
+        shape = (model.frame_stack, model.frame_size, model.frame_size)
+        return torch.stack([torch.zeros(shape, dtype=torch.uint8), torch.full(shape, 255, dtype=torch.uint8)])
+    return torch.stack([torch.zeros(model.width), torch.ones(model.width)]).to(torch.bfloat16)

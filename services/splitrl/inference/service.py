@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
-from splitrl.core import codecs, weights, wire
+from splitrl.core import authz, codecs, weights, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.envs import action_spec_of
 from splitrl.core.framestack import FrameStacker
@@ -26,6 +27,7 @@ from splitrl.core.link_meter import LinkMeter
 from splitrl.core.lockstep import Carried, LockstepStream, RewardBook, StepIdCursor, episode_ends
 from splitrl.core.metrics import Metrics
 from splitrl.core.rpc import BadRequest, Refused
+from splitrl.core.step_ids import prefix_of_id
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.core.video import VideoDecodeError, VideoStreamDecoder
 from splitrl.inference.batcher import Batcher
@@ -36,6 +38,9 @@ from splitrl.inference.trajectories import TrajectoryCutter
 from splitrl.v1 import rollout_pb2, rollout_pb2_grpc, weights_pb2, weights_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+#: Versions count the learner's updates; one at or above 2**53 (exact in a float64) cannot come from a run.
+MAX_WEIGHTS_VERSION = 2**53
 
 
 class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.PolicyUpdatesServicer):
@@ -91,6 +96,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
             Backoff.of(settings),
         )
         self._tasks: list[asyncio.Task[None]] = []
+        #: Each step-id prefix belongs to the edge that first used it (authz.Claims): no edge names another's steps.
+        self.prefixes = authz.Claims("step-id prefix")
 
     def register(self, server: grpc.aio.Server) -> None:
         rollout_pb2_grpc.add_InferenceServicer_to_server(self, server)
@@ -136,7 +143,7 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         metadata = dict(context.invocation_metadata() or ())
         announced = metadata.get(codecs.CODEC_METADATA_KEY)  # the stream kind the edge says it sends
         # Every stream is a new run: its frame stacks and trajectories start empty, whoever sends it.
-        stream = _EdgeStream(self.settings, self.stream_kind)
+        stream = _EdgeStream(self.settings, self.stream_kind, authz.peer_identity(context), self.prefixes)
         run_id = metadata.get(codecs.RUN_ID_METADATA_KEY, "(none)")
         log.info("Act stream open: edge %s, run %s", metadata.get(codecs.EDGE_ID_METADATA_KEY, "?"), run_id)
         self.batcher.open_streams += 1
@@ -181,27 +188,54 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self, request_iterator: AsyncIterator[weights_pb2.Weights], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[weights_pb2.WeightsAck]:
         loop = asyncio.get_running_loop()
+        previous: int | None = None  # the version this stream brought last
         async for message in request_iterator:
+            self._check_version(message.version, previous)
             prepared = await loop.run_in_executor(self._weights_decoding, self._received_weights, message)
-            # The policy executor runs one batch at a time, so the swap lands between two batches.
-            await loop.run_in_executor(self._executor, self.policy.load, prepared, message.version)
+            # The policy executor runs one batch at a time, so the swap lands between two batches. A stream's
+            # first version may go back: a learner resumed from a checkpoint older than what inference acts with.
+            load = functools.partial(self.policy.load, rewind=previous is None)
+            await loop.run_in_executor(self._executor, load, prepared, message.version)
+            previous = message.version
             self.metrics.policy_version.set(self.policy.version)  # the newest swapped in, whichever stream swapped last
             ack = weights_pb2.WeightsAck(version=message.version)
             self.weights_meter.sent(ack, phase="weights", payload="ack")
             yield ack
 
+    def _check_version(self, version: int, previous: int | None) -> None:
+        """A plausible successor on its stream: below MAX_WEIGHTS_VERSION, and on a stream that brought
+        `previous`, from `previous` to `previous + max_version_step` (BadRequest otherwise)."""
+        if version >= MAX_WEIGHTS_VERSION:
+            raise BadRequest(f"Weights.version {version} is beyond any run: versions count updates, below 2**53")
+        if previous is not None and not previous <= version <= previous + self.settings.max_version_step:
+            raise BadRequest(
+                f"Weights.version {version} does not follow {previous} on this stream (at most "
+                f"{self.settings.max_version_step} updates later, never earlier)"
+            )
+
     def _received_weights(self, message: weights_pb2.Weights) -> PreparedWeights:
-        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError) and
-        prepared to act with. Its version is checked where it is swapped in (Policy.load)."""
+        """On the weights thread: count `message` and return its state_dict, checked (BadRequest, WireError:
+        finite, within max_weight_magnitude, finite outputs) and prepared to act with."""
         self.weights_meter.received(message, phase="weights", payload="weights")
-        return self.policy.prepare(weights.from_proto(message, self.policy.network.state_dict()))
+        reference = self.policy.network.state_dict()
+        state = weights.from_proto(message, reference, max_magnitude=self.settings.max_weight_magnitude)
+        self.policy.check_outputs(state)
+        return self.policy.prepare(state)
 
 
 class _EdgeStream:
     """Validation, cloud-side frame stacks and trajectory cutting for one edge stream."""
 
-    def __init__(self, settings: InferenceSettings, stream_kind: codecs.StreamKind) -> None:
+    def __init__(
+        self,
+        settings: InferenceSettings,
+        stream_kind: codecs.StreamKind,
+        edge: authz.Identity | None,
+        prefixes: authz.Claims,
+    ) -> None:
         self.settings, self.stream_kind = settings, stream_kind
+        self.edge, self.prefixes = edge, prefixes
+        self.prefix: int | None = None  # of this stream's step ids, claimed for `edge` on its first message
         self.lockstep = LockstepStream("ActRequest", sequenced=False)
         # What the edge leaves out when the stream's previous message implies it, and the same for our answers.
         self.step_ids, self.encoder_version, self.policy_version = StepIdCursor(), Carried(), Carried()
@@ -238,6 +272,7 @@ class _EdgeStream:
         self.rewards.get(request, n)
         if request.first_step_id + n > 2**63 or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest's step ids (first_step_id + rows) and encoder_version must be below 2**63")
+        self._claim_prefix(request.first_step_id, n)
         starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated"))
         if self.stream_kind in ("frame", "video"):
             if self.stacker is None:
@@ -246,6 +281,15 @@ class _EdgeStream:
         if self.stream_kind == "stack-bf16":
             return observations.clamp(0, 255).round().to(torch.uint8)
         return observations
+
+    def _claim_prefix(self, first_step_id: int, rows: int) -> None:
+        """The stream's step ids keep the prefix of its first, which must be its edge's own (authz.Claims)."""
+        first, last = prefix_of_id(first_step_id), prefix_of_id(first_step_id + rows - 1)
+        if self.prefix is None:
+            self.prefixes.claim(first, self.edge)
+            self.prefix = first
+        if first != self.prefix or last != self.prefix:
+            raise BadRequest(f"ActRequest's step ids left this stream's step-id prefix {self.prefix}")
 
     def unfinished_chunks(self) -> int:
         """Per-env chunks begun but not cut: what is lost if the stream ends now."""

@@ -65,6 +65,19 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
     max_pending_inserts: int = Field(
         1024, ge=1, description="Chunks buffered for replay before acting blocks (backpressure)."
     )
+    max_weight_magnitude: float = Field(
+        1e4,
+        gt=0,
+        description="Published weights with any |value| above this are refused. Adam moves a weight by about the "
+        "learning rate per step, so training reaches this only after ~1e7 steps at 1e-3; a bigger value is a "
+        "broken or hostile learner (its forward pass overflows float32 long before 1e30).",
+    )
+    max_version_step: int = Field(
+        1000,
+        ge=1,
+        description="On one Publish stream, each version may exceed the stream's previous by at most this many "
+        "updates (a learner publishes after each update; coalesced publishes skip a few).",
+    )
 
     @property
     def replay_shard_address(self) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 import torch
 
-from splitrl.core import wire
+from splitrl.core import authz, wire
 from splitrl.core.config import FloatCodec
 from splitrl.core.link_meter import LinkMeter
 from splitrl.core.metrics import Metrics, Payload
@@ -89,6 +89,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self.width = width
         self.max_encoder_lag = max_encoder_lag
         self._edges: dict[int, _Edge] = {}
+        self.prefixes = authz.Claims("step-id prefix")
         self._request_ids = itertools.count(1)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
@@ -110,7 +111,7 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
         self, request_iterator: AsyncIterator[training_pb2.EdgeMessage], context: grpc.aio.ServicerContext
     ) -> None:
         self._loop = asyncio.get_running_loop()
-        edge = await self._accept_hello(request_iterator)
+        edge = await self._accept_hello(request_iterator, authz.peer_identity(context))
         self._edges[edge.prefix] = edge
         self.connected.set()
         log.info("edge %s connected (prefix %d, encoder version %d)", edge.edge_id, edge.prefix, edge.encoder_version)
@@ -133,7 +134,11 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             edge.disconnect()
             log.info("edge %s disconnected", edge.edge_id)
 
-    async def _accept_hello(self, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> _Edge:
+    async def _accept_hello(
+        self, request_iterator: AsyncIterator[training_pb2.EdgeMessage], identity: authz.Identity | None
+    ) -> _Edge:
+        """The edge a Train stream's hello announces. Under mutual TLS the edge is named by its certificate
+        (the hello's edge_id only joins the log line), and its step-id prefix must be its own (authz.Claims)."""
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "hello":
             raise BadRequest("the first EdgeMessage of a Train stream must be a hello")
@@ -143,10 +148,12 @@ class EdgeLinks(training_pb2_grpc.EncoderTrainingServicer):
             raise BadRequest(f"EdgeHello.step_id_prefix must be in [1, {MAX_PREFIX}), got {hello.step_id_prefix}")
         if hello.width != self.width:
             raise BadRequest(f"EdgeHello.width is {hello.width}; this learner trains width {self.width}")
+        self.prefixes.claim(hello.step_id_prefix, identity)
         if hello.step_id_prefix in self._edges:
             # Busy, not a refusal: a restarted edge may redial before its old stream is noticed gone.
             raise Busy(f"an edge with step-id prefix {hello.step_id_prefix} is already connected")
-        return _Edge(hello.step_id_prefix, hello.edge_id, hello.encoder_version, asyncio.Queue(MAX_QUEUED_MESSAGES))
+        name = hello.edge_id if identity is None else f"{identity} (announced as {hello.edge_id!r})"
+        return _Edge(hello.step_id_prefix, name, hello.encoder_version, asyncio.Queue(MAX_QUEUED_MESSAGES))
 
     async def _read(self, edge: _Edge, request_iterator: AsyncIterator[training_pb2.EdgeMessage]) -> None:
         async for message in request_iterator:

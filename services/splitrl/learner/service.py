@@ -81,6 +81,7 @@ class LearnerService(LoopService):
         self.version = 0
         #: Replay cursor, checkpointed: items this learner has sampled (over restarts) and the newest key.
         self.samples_consumed, self.last_sampled_key = 0, -1
+        self._skipped_steps_counted = 0  # of the trainer's skipped_steps, those already in the metric
         self._update: Future[UpdateStats] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
@@ -238,6 +239,9 @@ class LearnerService(LoopService):
             # Logged too: ranks compare version by version there, which two scrapes cannot promise.
             checksum = f", weights checksum {summed!r}"
         self.metrics.policy_version.set(self.version)
+        skipped = self.trainer.skipped_steps - self._skipped_steps_counted
+        self.metrics.learner_skipped_steps.inc(skipped)
+        self._skipped_steps_counted += skipped
         self.metrics.learning_rate.set(stats.learning_rate)
         self.metrics.entropy_coef.set(stats.entropy_coef)
         for term, value in stats.losses.items():
@@ -268,9 +272,16 @@ class LearnerService(LoopService):
         path = self._checkpoint_path()
         if path is None or self.version == 0 or self._trainer is None or self.settings.rank != 0:
             return
+        network = self.trainer.network.state_dict()
+        broken = [name for name, value in network.items() if value.is_floating_point() and not value.isfinite().all()]
+        if broken:  # never on disk: a restart would resume from it, and every restart after that
+            log.error(
+                "checkpoint not written: weights %s hold NaN or Inf; %s keeps the last good one", broken[:3], path
+            )
+            return
         state = {
             "version": self.version,
-            "network": self.trainer.network.state_dict(),
+            "network": network,
             "optimizer": self.trainer.optimizer.state_dict(),
             "replay": {
                 "table": self.settings.replay_table,

@@ -97,6 +97,8 @@ class Trainer:
         self.edges = edges
         self.parallel = parallel
         self.optimizer = FusedAdam(network.parameters(), lr=settings.learning_rate)
+        #: Optimizer steps skipped for non-finite gradients since the trainer was built.
+        self.skipped_steps = 0
         #: Minibatch shuffling and encoder-row draws; the learner checkpoints its state.
         self.generator = torch.Generator().manual_seed(settings.seed)
         #: Share of a minibatch's rows that train the encoder (`encoder_fraction` with its per-mode default).
@@ -185,8 +187,17 @@ class Trainer:
         if self.parallel is not None:
             ranks_trained = self.parallel.average_gradients(list(self.network.parameters()), terms is not None)
         if ranks_trained:
-            nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
-            self.optimizer.step()
+            # A non-finite gradient (a NaN reward or loss got through) would make every weight NaN for good, and
+            # the checkpoint with them: the step is skipped instead. Averaged gradients are the same on every rank,
+            # so every rank skips the same steps.
+            norm = nn.utils.clip_grad_norm_(self.network.parameters(), s.max_grad_norm)
+            if torch.isfinite(norm):
+                self.optimizer.step()
+            else:
+                self.skipped_steps += 1
+                log.error("optimizer step skipped: the gradients' norm is %s (weights unchanged)", norm.item())
+                self.optimizer.zero_grad()
+                ranks_trained = 0
         if leaf is not None:
             self._send_encoder_gradients(rows, leaf, ticket, ranks_trained)
         return terms, ranks_trained > 0

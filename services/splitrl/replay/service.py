@@ -76,6 +76,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             for index, table in enumerate(settings.tables())
         }
         self.writers = Writers(settings.dedup_window)
+        self.limits = settings.chunk_limits()
         self.store: ReplayStore | None = None
         if settings.data_dir is not None:  # restored before the server starts: no call sees a half-restored table
             self.store = ReplayStore(settings.data_dir, settings.fsync, metrics)
@@ -132,6 +133,7 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             self.insert_meter.received(request, phase="rollout", payload="trajectory")
             table = self._table(request.table)
             trajectory.check(request.trajectory, max_length=self.settings.max_trajectory_length)
+            self.limits.check(request.trajectory)  # could a run of this spec have made it? (core.chunk_content)
             original = self.writers.check(request.writer_id, request.sequence) if request.writer_id else None
             if original is None:
                 try:

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from splitrl.core.chunk_content import ChunkLimits
 from splitrl.core.config import ServerSettings, Settings
+from splitrl.core.spec import ActionSpec
 from splitrl.replay.rate_limiter import RateLimiter
 from splitrl.replay.selectors import SelectorName
 
@@ -123,12 +125,42 @@ class ReplaySettings(ServerSettings, TableOptions):
     checkpoint_every_inserts: int = Field(
         0, ge=0, description="With data_dir: also snapshot after this many logged changes (0 = by time only)."
     )
+    action_space: ActionSpec | None = Field(
+        None,
+        description='The run\'s action space as JSON, e.g. {"kind": "discrete", "size": 5}: an insert whose actions '
+        "lie outside it is refused. Unset: discrete actions need only be indices >= 0, continuous ones finite. "
+        "`splitrl up` and a recipe set it from the env.",
+    )
+    observation_shape: list[int] | None = Field(
+        None,
+        description="One step's observation shape as JSON, e.g. [4, 96, 96] (cloud frame stacks) or [64] "
+        "(split activations): inserts of another shape are refused. Unset: any. Set from the run like action_space.",
+    )
+    max_abs_reward: float = Field(
+        1e6, gt=0, description="An insert with a |reward| above this (one agent step's, repeats summed) is refused."
+    )
+    max_abs_value: float = Field(1e9, gt=0, description="An insert with a |value estimate| above this is refused.")
     dedup_window: int = Field(
         4096,
         ge=1,
         description="Sequences per writer whose keys replay remembers to answer a re-send with its original key; "
         "at least the writers' max_pending_inserts.",
     )
+
+    @field_validator("action_space", "observation_shape", mode="before")
+    @classmethod
+    def _parse_json_value(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, str):
+            try:
+                return json.loads(value) if value.strip() else None
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{info.field_name} must be JSON, got {value!r}: {error}") from None
+        return value
+
+    def chunk_limits(self) -> ChunkLimits:
+        """What an inserted chunk may hold (core.chunk_content), from these settings."""
+        shape = None if self.observation_shape is None else tuple(self.observation_shape)
+        return ChunkLimits(self.action_space, shape, self.max_abs_reward, self.max_abs_value)
 
     @field_validator("extra_tables", mode="before")
     @classmethod

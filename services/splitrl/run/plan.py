@@ -16,6 +16,8 @@ comma-separated address list); inference replica r writes to replay shard r mod 
 
 from __future__ import annotations
 
+import functools
+import json
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +28,8 @@ from pydantic import BaseModel
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
 from splitrl.core.config import ServerSettings, Settings, shard_index
+from splitrl.core.envs import action_spec_of
+from splitrl.core.spec import ActionSpec
 from splitrl.edge_encoder.settings import observation_store_size_for
 from splitrl.run import files as run_dir_files
 from splitrl.run.registry import SERVICES, load
@@ -85,6 +89,10 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     replay_chunks = replay_size(run)
     if name == "replay":
         values["max_size"] = replay_chunks
+        values["action_space"] = _action_space(run.env, json.dumps(run.env_kwargs, sort_keys=True))
+        # One step's observation as stored: frame stacks in cloud mode, encoder activations in the split modes.
+        cloud = run.mode == "cloud"
+        values["observation_shape"] = [run.frame_stack, run.frame_size, run.frame_size] if cloud else [run.width]
         if run.train_every_step:
             values["samples_per_insert"], values["error_buffer"] = 1.0, float(unsampled_chunks_bound(run) - 1)
     if name == "inference" and run.train_every_step:  # waiting inserts make acting wait, a round of chunks later
@@ -99,6 +107,11 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
         values["seed"] = run.seed + done_steps  # a resumed run plays tracks it has not played yet
         values["max_steps"] = run.steps - done_steps
     return values
+
+
+@functools.lru_cache(maxsize=8)  # a run is planned again as each service starts; the env is made once
+def _action_space(env_id: str, env_kwargs_json: str) -> ActionSpec:
+    return action_spec_of(env_id, json.loads(env_kwargs_json))
 
 
 def replay_size(run: RunSettings) -> int:
