@@ -73,6 +73,7 @@ class Stack:
         env: str = FAST_ENV,
         env_kwargs: dict | None = None,
         learner: dict | None = None,
+        inference: dict | None = None,
         edge: dict | None = None,
         replay: dict | None = None,
         environment: dict | None = None,
@@ -80,7 +81,7 @@ class Stack:
         replay_shards: int = 1,
     ) -> Stack:
         """Start replay (and its shards replay-1, ...), inference (and its replicas inference-1, ...), [a learner
-        amended with `learner`], edge-encoder, environment.
+        amended with `learner`], edge-encoder, environment; inference's settings amended with `inference`.
 
         Every service's settings come from `splitrl.run.plan` (as in `splitrl up`), amended with the given
         dicts; `steps` 0 runs the envs until stopped. Plaintext, explicitly: tests dial these services with
@@ -102,7 +103,7 @@ class Stack:
         )
         overrides = {
             "replay": replay or {},
-            "inference": {},
+            "inference": inference or {},
             "learner": learner or {},
             "edge-encoder": edge or {},
             "environment": {"max_steps": steps, **(environment or {})},

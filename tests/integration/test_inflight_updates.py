@@ -72,6 +72,10 @@ async def test_inference_refuses_bad_weights_and_keeps_its_version():
                 "unknown entry": weights.to_proto(1, {**good, "extra.weight": torch.zeros(1)}),
                 "does not match": weights.to_proto(1, {**good, "critic.bias": torch.zeros(3)}),
                 "NaN": weights.to_proto(1, {**good, "critic.bias": torch.full((1,), float("nan"))}),
+                # finite, and far beyond anything Adam's steps reach (--max-weight-magnitude)
+                "above the bound": weights.to_proto(1, {**good, "critic.bias": torch.full((1,), 1e30)}),
+                # a version no learner reaches: taken, it would make every real update look older
+                "beyond any run": weights.to_proto(2**64 - 1, good),
             }
             for fragment, message in cases.items():
                 with pytest.raises(grpc.aio.AioRpcError) as raised:
@@ -84,10 +88,45 @@ async def test_inference_refuses_bad_weights_and_keeps_its_version():
             assert ack.version == 7 and inference.policy.version == 7
             assert torch.equal(inference.policy.network.state_dict()["critic.bias"], changed["critic.bias"])
             assert (await publish(weights.to_proto(7, changed))).version == 7  # a resumed learner re-publishes
+            # On one stream versions only move forward, by plausible steps (--max-version-step)...
+            call = stub.Publish()
+            for version, refused in ((8, None), (7, "does not follow 8"), (9 + 1000, "does not follow 8")):
+                await call.write(weights.to_proto(version, changed))
+                if refused is None:
+                    assert (await call.read()).version == version
+                    continue
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    await call.read()
+                assert refused in raised.value.details()
+                call = stub.Publish()  # a refusal ends the stream; the learner's publisher dials again
+                await call.write(weights.to_proto(8, changed))
+                assert (await call.read()).version == 8
+            assert inference.policy.version == 8
+            # ...while a stream's first version may go back: a learner resumed from an older checkpoint.
+            assert (await publish(weights.to_proto(6, good))).version == 6
+            assert inference.policy.version == 6
+    finally:
+        await stack.stop()
+
+
+async def test_weights_whose_forward_pass_overflows_are_refused_before_acting():
+    """Finite weights under the bound can still overflow float32 through the layers: inference tries them on
+    probe observations first, and keeps acting with what it had."""
+    stack = await Stack.start("split", num_envs=1, steps=0, inference={"max_weight_magnitude": 1e38})
+    try:
+        inference = stack.inference
+        good = inference.policy.network.state_dict()
+        huge = {name: torch.full_like(value, 1e20) for name, value in good.items()}
+        async with rpc.insecure_channel(address(stack.hosts["inference"])) as channel:
+            call = weights_pb2_grpc.PolicyUpdatesStub(channel).Publish()
+            await call.write(weights.to_proto(1, huge))
             with pytest.raises(grpc.aio.AioRpcError) as raised:
-                await publish(weights.to_proto(6, good))
-            assert "older than 7" in raised.value.details()
-            assert inference.policy.version == 7
+                await call.read()
+        assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "probe observations" in raised.value.details()
+        assert inference.policy.version == 0
+        decisions = inference.policy.act(torch.zeros(2, inference.model_config.width, dtype=torch.bfloat16))
+        assert bool(torch.isfinite(decisions.values).all())
     finally:
         await stack.stop()
 
@@ -99,11 +138,11 @@ async def test_edge_streams_are_answered_while_inference_decodes_new_weights(mon
     decoding, release, decoded = threading.Event(), threading.Event(), threading.Event()
     decode = weights.from_proto
 
-    def held_decode(message, reference):
+    def held_decode(message, reference, **checks):
         decoding.set()
         release.wait(timeout=60)  # bounded, and past the answers' 30 s: on the loop it holds this test's coroutine
         decoded.set()
-        return decode(message, reference)
+        return decode(message, reference, **checks)
 
     monkeypatch.setattr(weights, "from_proto", held_decode)
     stack = await Stack.start("split", num_envs=1, steps=0)

@@ -387,3 +387,43 @@ def test_the_trainer_keeps_freed_blocks_in_the_heap_for_the_next_minibatch(monke
     monkeypatch.setattr(trainer_module, "reuse_freed_blocks", lambda: calls.append("reuse") or True)
     Trainer(cloud_network("cloud", MODEL, SPEC), LearnerSettings(mode="cloud", tls="plaintext"))
     assert calls == ["reuse"]
+
+
+def test_a_step_whose_gradients_are_not_finite_is_skipped_and_the_weights_stay_as_they_were():
+    """A NaN reward (past every check) makes the loss NaN: without the skip, one Adam step makes every weight NaN
+    for good."""
+    settings = LearnerSettings(mode="cloud", tls="plaintext", epochs=2, minibatches=2)
+    network = cloud_network("cloud", MODEL, SPEC)
+    before = [p.detach().clone() for p in network.parameters()]
+    poisoned = batch(frames())
+    poisoned.rewards[:, -1] = float("nan")  # GAE carries it back to every step of every chunk
+    trainer = Trainer(network, settings)
+    stats = trainer.update(poisoned, version=0)
+    assert (stats.optimizer_steps, trainer.skipped_steps) == (0, 4)
+    assert all(torch.equal(a, b) for a, b in zip(before, network.parameters(), strict=True))
+    assert trainer.update(batch(frames()), version=1).optimizer_steps == 4  # a good batch trains as before
+    assert all(bool(torch.isfinite(p).all()) for p in network.parameters())
+
+
+def test_the_learner_never_writes_a_checkpoint_of_non_finite_weights(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from splitrl.core import checkpoint
+    from splitrl.core.metrics import Metrics
+    from splitrl.learner.service import LearnerService
+
+    settings = LearnerSettings(mode="cloud", tls="plaintext", env="splitrl/Catch-v0", checkpoint_dir=tmp_path)
+    service = LearnerService(settings, Metrics(CollectorRegistry()))
+    service._build_trainer()
+    service.version = 3
+    service._checkpoint()
+    path = tmp_path / "learner.pt"
+    good = checkpoint.load(path)
+    with torch.no_grad():
+        next(service.trainer.network.parameters()).fill_(float("nan"))
+    service.version = 4
+    service._checkpoint()
+    kept = checkpoint.load(path)
+    assert kept["version"] == 3 and all(
+        torch.equal(kept["network"][name], value) for name, value in good["network"].items()
+    )

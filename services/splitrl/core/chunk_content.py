@@ -60,7 +60,7 @@ class ChunkLimits:
         spec = self.action_spec
         if actions.dtype.kind in "iu":
             if spec is not None and spec.kind != "discrete":
-                raise BadRequest(f"Trajectory.actions are integers; this run's actions are {spec.size} floats")
+                raise BadRequest(f"Trajectory.actions are integers; this run acts with {_described(spec)}")
             bound = spec.size if spec is not None else None
             low, high = actions.min(initial=0), actions.max(initial=0)
             if actions.ndim != 1 or low < 0 or (bound is not None and high >= bound):
@@ -74,7 +74,9 @@ class ChunkLimits:
         if spec is None:
             return
         if spec.kind != "continuous" or actions.ndim != 2 or actions.shape[1] != spec.size:
-            raise BadRequest(f"Trajectory.actions has shape {list(actions.shape)}; this run acts with {spec}")
+            raise BadRequest(
+                f"Trajectory.actions has shape {list(actions.shape)}; this run acts with {_described(spec)}"
+            )
         low, high = np.asarray(spec.low), np.asarray(spec.high)
         slack = ACTION_SLACK * np.maximum(high - low, 1.0)
         if ((actions < low - slack) | (actions > high + slack)).any():
@@ -93,6 +95,12 @@ class ChunkLimits:
                 f"Trajectory.observations are steps of shape {list(shape)}; "
                 f"this run's are {list(self.observation_shape)}"
             )
+
+
+def _described(spec: ActionSpec) -> str:
+    if spec.kind == "discrete":
+        return f"{spec.size} discrete actions"
+    return f"{spec.size} continuous dimensions within {list(spec.low)}..{list(spec.high)}"
 
 
 def _read(message: replay_pb2.Trajectory, name: str) -> np.ndarray:
