@@ -209,3 +209,22 @@ async def test_a_statefulset_pod_name_verifies_under_its_services_wildcard(tmp_p
                     assert error.value.code() == grpc.StatusCode.UNAVAILABLE, name
     finally:
         await host.stop()
+
+
+async def test_a_certificate_renewed_on_disk_is_served_without_a_restart(tmp_path):
+    """`splitrl certs --reuse-ca` writes a renewed pair over the old one; the running server presents it from
+    the next handshake on (here the renewal adds a name, which only the new certificate answers to)."""
+    pki = certs.generate(tmp_path, ["replay", "client=learner"])
+    host = await start_replay(**transport(pki, "replay"))
+    target = f"127.0.0.1:{host.grpc_port}"
+    renamed = TransportSettings(**transport(pki, "client"), tls_server_name="renewed.splitrl.test")
+    try:
+        async with rpc.dial(target, renamed) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await info(channel)
+            assert error.value.code() == grpc.StatusCode.UNAVAILABLE  # the old certificate lacks the name
+        certs.generate(tmp_path, ["replay"], extra_names=["renewed.splitrl.test"], reuse_ca=True)
+        async with rpc.dial(target, renamed) as channel:
+            assert [table.name for table in (await info(channel)).tables] == ["rollouts"]
+    finally:
+        await host.stop()

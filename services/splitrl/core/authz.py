@@ -171,10 +171,10 @@ class Claims:
 
 def deny_list_for(path: Path | None, mode: str) -> DenyList | None:
     """The deny list a server of transport `mode` enforces roles with; None where roles cannot be enforced
-    (no client certificates). ValueError for a deny list that cannot work (the message says why)."""
+    (no client certificates: logged). ValueError for a deny-list file that is missing."""
     if mode != "mtls":
-        if path is not None:
-            raise ValueError(f"--deny-list-file {path} needs --tls mtls: identities come from client certificates")
+        if path is not None:  # the server warns that nothing is authorised; this names what it cannot enforce
+            log.warning("--deny-list-file %s is not enforced: --tls %s carries no client identities", path, mode)
         return None
     return DenyList(path)
 

@@ -1,10 +1,14 @@
 """Transport security of every gRPC link: TLS, mutual TLS and an optional bearer token.
 
-A process loads one `Transport` from its settings (`load`, files read once, at startup) and uses it both
-as a server (`server_credentials`, `BearerTokenInterceptor`) and as a client (`rpc.dial`). Under mtls
-both ends present a certificate chaining to the same CA, so a peer without one is refused during the
-TLS handshake, before any request is read. The token, when set, is checked on every call except
-health checks (probes carry no token), compared in constant time.
+A process loads one `Transport` from its settings (`load`) and uses it both as a server
+(`server_credentials`, `BearerTokenInterceptor`) and as a client (`rpc.dial`). Under mtls both ends present
+a certificate chaining to the same CA, so a peer without one is refused during the TLS handshake, before
+any request is read. The token, when set, is checked on every call except health checks (probes carry no
+token), compared in constant time.
+
+Certificates renewed on disk are used without a restart: a server reads its files again for the next
+handshake once their modification times change (`server_credentials`), and a client for its next dial.
+Connections already open keep the certificates they were made with.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ class Transport:
     token: str | None = None
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
-        """None under plaintext; under mtls a client without a certificate from the CA fails the handshake."""
+        """None under plaintext; under mtls a client without a certificate from the CA fails the handshake.
+        These files, for good: `security.server_credentials` takes renewed ones too."""
         if self.mode == "plaintext":
             return None
         assert self.certificate is not None and self.private_key is not None
@@ -54,6 +59,10 @@ class Transport:
             root_certificates=self.ca,
             require_client_auth=self.mode == "mtls",
         )
+
+    def certificate_configuration(self) -> grpc.ServerCertificateConfiguration:
+        assert self.certificate is not None and self.private_key is not None
+        return grpc.ssl_server_certificate_configuration([(self.private_key, self.certificate)], self.ca)
 
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
         """None under plaintext; TLS verifies the server against `ca` (system roots if None), mtls adds our cert.
@@ -85,7 +94,8 @@ class Transport:
 
 
 def load(settings: TransportSettings) -> Transport:
-    """Read the files `settings` names; SecurityConfigError says what is missing and how to give it."""
+    """Read the files `settings` names (again only once they changed on disk); SecurityConfigError says what is
+    missing and how to give it."""
     return _load(
         settings.tls,
         settings.tls_cert_file,
@@ -93,10 +103,47 @@ def load(settings: TransportSettings) -> Transport:
         settings.tls_ca_file,
         settings.tls_server_name,
         settings.auth_token_file,
+        _stamps(settings),
     )
 
 
-@functools.lru_cache(maxsize=16)  # one process dials many times with the same settings; read the files once
+def server_credentials(settings: TransportSettings) -> grpc.ServerCredentials | None:
+    """A server's credentials that take renewed certificate files for each new handshake (None: plaintext)."""
+    initial = load(settings)
+    if initial.mode == "plaintext":
+        return None
+    loaded = [initial]
+
+    def fetch() -> grpc.ServerCertificateConfiguration | None:
+        """Called by gRPC before each handshake: a new configuration once the files changed, else None."""
+        try:
+            current = load(settings)
+        except SecurityConfigError as error:  # a renewal half-written: keep serving with what worked
+            log.error("keeping the current certificate: %s", error)
+            return None
+        if current is loaded[0]:
+            return None
+        loaded[0] = current
+        log.info("certificate files changed on disk: new handshakes use them")
+        return current.certificate_configuration()
+
+    return grpc.dynamic_ssl_server_credentials(
+        initial.certificate_configuration(), fetch, require_client_authentication=initial.mode == "mtls"
+    )
+
+
+def _stamps(settings: TransportSettings) -> tuple[int, ...]:
+    """The modification times (ns) of the files `settings` names, 0 for one absent: a change means a reload."""
+    stamps = []
+    for path in (settings.tls_cert_file, settings.tls_key_file, settings.tls_ca_file, settings.auth_token_file):
+        try:
+            stamps.append(path.stat().st_mtime_ns if path is not None else 0)
+        except OSError:
+            stamps.append(0)
+    return tuple(stamps)
+
+
+@functools.lru_cache(maxsize=16)  # a process dials many times with the same settings: files read once per change
 def _load(
     mode: TlsMode,
     cert_file: Path | None,
@@ -104,6 +151,7 @@ def _load(
     ca_file: Path | None,
     server_name: str | None,
     token_file: Path | None,
+    stamps: tuple[int, ...],
 ) -> Transport:
     token = _read(token_file, "--auth-token-file").decode().strip() if token_file is not None else None
     if token_file is not None and not token:

@@ -155,7 +155,7 @@ class ServiceHost:
             serve_reflection=settings.reflection,
         )
         service.register(server)
-        grpc_port = ports.bind_grpc(server, settings.host, settings.port, transport.server_credentials())
+        grpc_port = ports.bind_grpc(server, settings.host, settings.port, security.server_credentials(settings))
         await server.start()
         try:
             http = ports.serve_metrics(settings.host, settings.metrics_port, metrics.registry)

@@ -257,3 +257,17 @@ def test_single_cluster_runs_one_edge_anywhere(render):
     assert manifest.pod("edge").workload["spec"]["replicas"] == 1
     for pod in manifest.pods:
         assert not pod.spec.get("nodeSelector") and not pod.spec.get("affinity"), pod.app
+
+
+def test_the_servers_edges_dial_read_the_deny_list_from_its_unhashed_config_map(manifest):
+    """Revoking an edge is an edit of one ConfigMap: mounted (not subPath) in every pod edges dial, under a name
+    without kustomize's hash, so the kubelet updates the file in place and the servers re-read it."""
+    config_map = manifest.get("ConfigMap", "splitrl-deny-list")
+    assert "deny-list.txt" in config_map["data"]
+    for app in ("inference", "learner"):
+        pod = manifest.pod(app)
+        [container] = pod.splitrl_containers
+        path = manifest.env(container)["SPLITRL_DENY_LIST_FILE"]
+        mount, volume, name = _tls_volume(pod, container, path)
+        assert volume.get("configMap", {}).get("name") == "splitrl-deny-list" and name == "deny-list.txt", app
+        assert mount.get("readOnly") is True and "subPath" not in mount, app
