@@ -123,6 +123,7 @@ SERVICE_FAMILIES: dict[str, frozenset[str]] = {
             "splitrl_stale_activations_dropped",
             "splitrl_unknown_step_ids",
             "splitrl_learner_skipped_steps",
+            "splitrl_refused_chunks",
         }
     ),
 }
@@ -346,6 +347,11 @@ class Metrics:
             POLICY_LAG,
             "Versions between the learner's policy and the oldest action of a sampled chunk.",
             buckets=(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 50),
+            registry=None,
+        )
+        self.refused_chunks = Counter(
+            "splitrl_refused_chunks",
+            "Chunks the learner sampled and refused: content no run of its spec makes (core.chunk_content).",
             registry=None,
         )
         self.stale_chunks_dropped = Counter(

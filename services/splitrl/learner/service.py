@@ -28,7 +28,10 @@ import torch
 
 from splitrl.core import checkpoint, trajectory, weights
 from splitrl.core.backoff import Backoff
+from splitrl.core.chunk_content import ChunkLimits
 from splitrl.core.metrics import Metrics
+from splitrl.core.models import ActorCritic, ActorCriticHead
+from splitrl.core.rpc import BadRequest
 from splitrl.core.service import BackgroundLoop, LoopService
 from splitrl.core.trajectory import TrajectoryTensors
 from splitrl.learner.batch import Batch
@@ -72,6 +75,10 @@ class LearnerService(LoopService):
             )
         torch.manual_seed(settings.seed)  # initial weights: inference builds the same from the same seed
         self._network = learner_network(settings)
+        head = self._network.head if isinstance(self._network, ActorCritic) else self._network
+        assert isinstance(head, ActorCriticHead), type(head)
+        #: What a chunk of this run may hold: one that no run makes would crash or poison an update.
+        self.limits = ChunkLimits(head.action_spec)
         #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
         #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
         #: from serving. `run` awaits it before its first update; `ready()` lets others await it.
@@ -194,6 +201,12 @@ class LearnerService(LoopService):
             for item, drawn in await replay.sample(count - len(chunks)):
                 self.samples_consumed += 1
                 self.last_sampled_key = item.key
+                try:  # replay checks this too, where it was started with the run's spec (core.chunk_content)
+                    self.limits.check(item.trajectory)
+                except BadRequest as error:
+                    self.metrics.refused_chunks.inc()
+                    log.error("sampled chunk %d refused: %s", item.key, error)
+                    continue
                 chunk = trajectory.from_proto(item.trajectory)
                 lag = self.version - int(chunk.policy_versions.min())
                 self.metrics.policy_lag.observe(lag)
