@@ -42,6 +42,8 @@ def main() -> None:
     parser.add_argument("--inference", required=True)
     parser.add_argument("--replay", required=True)
     parser.add_argument("--actions", required=True, help="discrete:<n> or continuous:<dims>")
+    parser.add_argument("--codec", choices=["frame", "activation"], required=True, help="what inference serves")
+    parser.add_argument("--width", type=int, required=True, help="activation width (the split modes)")
     parser.add_argument("--rollout-steps", type=int, default=300)
     parser.add_argument("--act-steps", type=int, default=150)
     args = parser.parse_args()
@@ -175,6 +177,7 @@ class Edge:
         big = [("grpc.max_receive_message_length", 256 * 1024 * 1024)]
         self.replay = replay_pb2_grpc.ReplayStub(grpc.insecure_channel(args.replay, options=big))
         self.random = np.random.default_rng(0)
+        self.codec, self.width = args.codec, args.width
         self.first_step_id = 1_000_000  # this client's step ids: first_step_id + N * message + env
         self.sent_rewards: list[list[float]] = []  # per Act message, as sent
 
@@ -191,6 +194,18 @@ class Edge:
             tensor.data = zstandard.ZstdCompressor().compress(tensor.data)
             tensor.compression = self.tensor_pb2.COMPRESSION_ZSTD
         return tensor
+
+    def observations(self, compress: bool = False, wrong: bool = False) -> Any:
+        """ActRequest.observations for the stream's codec: uint8 [N, H, W] frames, or bfloat16 [N, width] activations
+        (float32's upper 16 bits); one column or 32 pixels a side too many when `wrong`."""
+        if self.codec == "frame":
+            return self.frames(FRAME + 32 * wrong, compress)
+        values = self.random.uniform(-1, 1, (self.N, self.width + wrong)).astype("<f4")
+        return self.tensor_pb2.Tensor(
+            dtype=self.tensor_pb2.DTYPE_BFLOAT16,
+            shape=list(values.shape),
+            data=(values.view("<u4") >> 16).astype("<u2").tobytes(),
+        )
 
     def rollout(self, steps: int) -> dict[str, int]:
         """EnvStep -> EnvAction in lockstep for `steps` vector steps; episodes end every 7th step."""
@@ -216,7 +231,7 @@ class Edge:
     def act(self, steps: int) -> dict[str, int]:
         """ActRequest -> ActResponse as an edge-encoder of the cloud `frame` codec: zstd on every other frame,
         rewards as plain floats or in the reward book's codes, step ids as first_step_id then advances."""
-        responses = self._lockstep(self.inference.Act, self._act_requests(steps), self._metadata("frame"))
+        responses = self._lockstep(self.inference.Act, self._act_requests(steps), self._metadata(self.codec))
         policy_version = 0
         for response in responses:
             self.contract.actions("ActResponse.actions", response.actions, self.N)
@@ -236,7 +251,7 @@ class Edge:
             if message == 0:
                 rewards = [0.0] * self.N
             self.sent_rewards.append(rewards)
-            request = self.pb.ActRequest(observations=self.frames(compress=message % 2 == 1))
+            request = self.pb.ActRequest(observations=self.observations(compress=message % 2 == 1))
             if message % 3 == 0:
                 request.rewards.extend(rewards)
             else:
@@ -286,16 +301,16 @@ class Edge:
         grpc = self.grpc
         seen = {}
         cases = {
-            "Act: frames of the wrong size": (
+            "Act: observations of the wrong shape": (
                 self.inference.Act,
-                self._metadata("frame"),
-                self.pb.ActRequest(observations=self.frames(64), rewards=[0.0] * self.N, first_step_id=1),
+                self._metadata(self.codec),
+                self.pb.ActRequest(observations=self.observations(wrong=True), rewards=[0.0] * self.N, first_step_id=1),
                 grpc.StatusCode.INVALID_ARGUMENT,
             ),
             "Act: a codec inference does not serve": (
                 self.inference.Act,
-                self._metadata("activation"),
-                self.pb.ActRequest(observations=self.frames(), rewards=[0.0] * self.N, first_step_id=1),
+                self._metadata("frame" if self.codec == "activation" else "activation"),
+                self.pb.ActRequest(observations=self.observations(), rewards=[0.0] * self.N, first_step_id=1),
                 grpc.StatusCode.FAILED_PRECONDITION,
             ),
             "Rollout: a frame tensor whose bytes do not match its shape": (
@@ -334,7 +349,7 @@ class Edge:
         rewards_checked = 0
         for item in response.items:
             trajectory = item.trajectory
-            known = {"H": FRAME, "W": FRAME, "D": DEPTH} | (
+            known = {"H": FRAME, "W": FRAME, "D": DEPTH, "width": self.width} | (
                 {"A": self.contract.size} if self.contract.kind == "continuous" else {}
             )
             read = {}
@@ -343,8 +358,11 @@ class Edge:
                     read[field.name] = self.contract.read(
                         f"Trajectory.{field.name}", getattr(trajectory, field.name), known
                     )
-            assert "observation_index" in read, "stacks of D > 1 frames come as frames and an observation_index"
-            assert read["observation_index"].max() < read["observations"].shape[0]
+            if self.codec == "frame":
+                assert "observation_index" in read, "stacks of D > 1 frames come as frames and an observation_index"
+                assert read["observation_index"].max() < read["observations"].shape[0]
+            else:
+                assert read["observations"].shape == (known["T"] + 1, self.width)
             actions = read["actions"]
             if self.contract.kind == "discrete":
                 assert ((actions >= 0) & (actions < self.contract.size)).all(), actions

@@ -29,6 +29,7 @@ from tests.integration.stack import FAST_ENV, address, start
 ROOT = Path(__file__).resolve().parents[2]
 PROTOS = ROOT / "protos"
 CLIENT = Path(__file__).with_name("conformance_client.py")
+WIDTH = 64
 
 
 def generate(out: Path) -> tuple[Path, Path]:
@@ -52,16 +53,17 @@ def generate(out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize(
-    ("env_kwargs", "actions"),
-    [({}, "discrete:3"), ({"continuous": True}, "continuous:1")],
-    ids=["discrete", "continuous"],
+    ("mode", "env_kwargs", "actions"),
+    [("cloud", {}, "discrete:3"), ("cloud", {"continuous": True}, "continuous:1"), ("split", {}, "discrete:3")],
+    ids=["cloud-discrete", "cloud-continuous", "split-discrete"],
 )
-async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, env_kwargs, actions):
+async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, mode, env_kwargs, actions):
     stubs, descriptors = generate(tmp_path)
-    common = {"tls": "plaintext", "env": FAST_ENV, "env_kwargs": env_kwargs, "mode": "cloud"}
+    common = {"tls": "plaintext", "env": FAST_ENV, "env_kwargs": env_kwargs, "mode": mode, "width": WIDTH}
     replay = await start(ReplayService, ReplaySettings(tls="plaintext"))
     inference = await start(InferenceService, InferenceSettings(**common, replay_address=address(replay)))
-    edge = await start(EdgeEncoderService, EdgeEncoderSettings(**common, inference_address=address(inference)))
+    edge_settings = EdgeEncoderSettings(**common, inference_address=address(inference), learner_address="127.0.0.1:1")
+    edge = await start(EdgeEncoderService, edge_settings)  # no learner: the split's training link is refused
     try:
         command = [
             sys.executable,
@@ -73,6 +75,8 @@ async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, env_kwar
             f"--inference={address(inference)}",
             f"--replay={address(replay)}",
             f"--actions={actions}",
+            f"--codec={'frame' if mode == 'cloud' else 'activation'}",
+            f"--width={WIDTH}",
         ]
         # The services run on this process's event loop: the client runs beside it, not blocking it.
         process = await asyncio.create_subprocess_exec(
@@ -86,10 +90,11 @@ async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, env_kwar
     summary = json.loads(out)
     assert summary["rollout"]["steps"] == 300 and summary["act"]["steps"] == 150
     assert set(summary["refusals"]) == {
-        "Act: frames of the wrong size",
+        "Act: observations of the wrong shape",
         "Act: a codec inference does not serve",
         "Rollout: a frame tensor whose bytes do not match its shape",
     }
     assert summary["replay"]["items"] >= 10 and summary["replay"]["rewards_checked"] >= 100
-    trajectory = {f"Trajectory.{name}" for name in ("observations", "actions", "rewards", "observation_index")}
+    fields = ["observations", "actions", "rewards", "step_ids"] + (["observation_index"] if mode == "cloud" else [])
+    trajectory = {f"Trajectory.{name}" for name in fields}
     assert {"EnvAction.actions", "ActResponse.actions"} | trajectory <= set(summary["checked"])
