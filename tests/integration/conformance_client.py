@@ -87,7 +87,8 @@ class Contract:
                 path = list(location.path)
                 if len(path) == 4 and path[0] == 4 and path[2] == 2:  # message_type[i].field[j]
                     message = file.message_type[path[1]]
-                    self.comments[f"{message.name}.{message.field[path[3]].name}"] = location.leading_comments
+                    comment = " ".join(location.leading_comments.split())  # one line: a phrase may wrap
+                    self.comments[f"{message.name}.{message.field[path[3]].name}"] = comment
         self.checked: dict[str, int] = {}
 
     def forms(self, field: str) -> list[tuple[str, list[str]]]:
@@ -134,7 +135,10 @@ class Contract:
         """Actions of `n` envs: documented form, and inside the action space as the comment says."""
         known = {"N": n} | ({"A": self.size} if self.kind == "continuous" else {})
         actions = self.read(field, tensor, known)
-        if self.kind == "discrete":
+        if self.kind == "discrete":  # of the two discrete forms, the one the comment names for this many actions
+            assert "uint8 [N] for a discrete action space of at most 256 actions" in self.comments[field], field
+            wanted = self.tensor_pb2.DTYPE_UINT8 if self.size <= 256 else self.tensor_pb2.DTYPE_INT64
+            assert tensor.dtype == wanted, f"{field}: {self.size} actions as {self.tensor_pb2.DType.Name(tensor.dtype)}"
             assert actions.shape == (n,) and ((actions >= 0) & (actions < self.size)).all(), actions
         else:
             assert actions.dtype.kind == "f" and actions.shape == (n, self.size), actions

@@ -53,11 +53,15 @@ def generate(out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize(
-    ("mode", "env_kwargs", "actions"),
-    [("cloud", {}, "discrete:3"), ("cloud", {"continuous": True}, "continuous:1"), ("split", {}, "discrete:3")],
+    ("mode", "env_kwargs", "actions", "steps"),
+    [
+        ("cloud", {}, "discrete:3", (300, 150)),  # (Rollout steps, Act steps)
+        ("cloud", {"continuous": True}, "continuous:1", (100, 100)),
+        ("split", {}, "discrete:3", (100, 100)),
+    ],
     ids=["cloud-discrete", "cloud-continuous", "split-discrete"],
 )
-async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, mode, env_kwargs, actions):
+async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, mode, env_kwargs, actions, steps):
     stubs, descriptors = generate(tmp_path)
     common = {"tls": "plaintext", "env": FAST_ENV, "env_kwargs": env_kwargs, "mode": mode, "width": WIDTH}
     replay = await start(ReplayService, ReplaySettings(tls="plaintext"))
@@ -77,6 +81,8 @@ async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, mode, en
             f"--actions={actions}",
             f"--codec={'frame' if mode == 'cloud' else 'activation'}",
             f"--width={WIDTH}",
+            f"--rollout-steps={steps[0]}",
+            f"--act-steps={steps[1]}",
         ]
         # The services run on this process's event loop: the client runs beside it, not blocking it.
         process = await asyncio.create_subprocess_exec(
@@ -88,7 +94,7 @@ async def test_an_edge_written_from_the_protos_alone_conforms(tmp_path, mode, en
         for host in (edge, inference, replay):
             await host.stop()
     summary = json.loads(out)
-    assert summary["rollout"]["steps"] == 300 and summary["act"]["steps"] == 150
+    assert (summary["rollout"]["steps"], summary["act"]["steps"]) == steps
     assert set(summary["refusals"]) == {
         "Act: observations of the wrong shape",
         "Act: a codec inference does not serve",
