@@ -108,3 +108,8 @@ def test_verbose_progress_adds_each_links_bytes(capsys):
 def test_the_result_line_of_a_run_without_episodes():
     summary = {"curve": [{"env_steps": 64.0, "episodes": 0.0, "return_sum": 0.0}], "env_steps": 64, "wan_bytes": {}}
     assert result_line(summary) == "return - (no episode ended) at 64 env steps; WAN 0.0 B sent, 0 B/env step"
+
+
+def test_the_start_says_which_services_start_and_where_their_logs_go(tmp_path, capsys):
+    Progress(1_000, interactive=False).starting(("replay", "inference"), tmp_path / "logs")
+    assert capsys.readouterr().out == f"starting 2 services (replay, inference); their logs: {tmp_path}/logs/\n"

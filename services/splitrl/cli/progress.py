@@ -3,6 +3,7 @@ per env step), live on a terminal and every few seconds otherwise; `--verbose` a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +78,15 @@ class Progress:
         self._steps = self._updates = self._wan = 0
         self._returns: list[dict[str, float]] = []  # cumulative episodes and return_sum, as read
         self._sent: dict[tuple[str, str], int] = {}
+
+    def starting(self, names: Sequence[str], logs: Path) -> None:
+        """Shown until the first update: which services start (each once the one it dials serves), and where their
+        logs go."""
+        line = f"starting {len(names)} services ({', '.join(names)}); their logs: {logs}/"
+        if self._live is not None:
+            self._live.update(Text(f"splitrl: {line}"))
+        else:
+            print(line, flush=True)
 
     def update(self, texts: list[str], elapsed_s: float, restarts: dict[str, int] | None = None) -> None:
         self._read(texts)

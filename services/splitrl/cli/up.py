@@ -71,6 +71,7 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
         try:
             prepare_tls(settings, run_dir)
+            progress.starting(supervisor.instances, run_dir / "logs")
             supervisor.start_all()
             started = time.monotonic()
             while not supervisor.environment_done():
