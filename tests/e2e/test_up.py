@@ -234,6 +234,20 @@ def test_an_env_whose_package_is_missing_is_named_before_anything_starts(tmp_pat
     assert "pip install minigrid" in result.stderr
 
 
+def test_a_mistyped_env_is_refused_in_seconds_with_gymnasiums_message_and_a_close_id(tmp_path):
+    run_dir = tmp_path / "run"
+    started = time.monotonic()
+    result = subprocess.run(
+        splitrl("up", "--env", "CarRacng-v3", "--run-dir", str(run_dir)), capture_output=True, text=True, timeout=60
+    )
+    assert time.monotonic() - started < 20
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()  # one readable line, no traceback
+    assert "Environment `CarRacng` doesn't exist. Did you mean: `CarRacing`?" in line  # gymnasium's own words
+    assert "closest registered id is 'CarRacing-v3'" in line
+    assert not run_dir.exists()  # refused before anything started
+
+
 def test_an_atari_game_runs_through_the_whole_stack_by_its_usual_id(tmp_path):
     run_dir = tmp_path / "run"
     command = splitrl(

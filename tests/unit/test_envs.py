@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from splitrl.core.envs import gray_frame, make_env, resize_frame
+from splitrl.core.envs import check_env, gray_frame, make_env, resize_frame
 
 
 def torch_area(frame: np.ndarray, size: int) -> np.ndarray:
@@ -146,3 +146,25 @@ def test_skipping_pygames_sound_and_image_modules_changes_no_carracing_step():
     assert "UNUSED_PYGAME_MODULES" in str(skipped["refused"])
     assert plain["other"] is False and plain["mixer"] == "module" and plain["refused"] is None
     assert plain["again"] is False  # pygame was already loaded, with its modules: nothing to skip
+
+
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs", "fragments"),
+    [
+        ("Catch-v0", {}, ["Environment `Catch` doesn't exist.", "closest registered id is 'splitrl/Catch-v0'"]),
+        ("CarRacing-v9", {}, ["version `v9`", "closest registered id is 'CarRacing-v3'"]),
+        ("splitrl/Catch-v0", {"gird": 3}, ["cannot be made", "unexpected keyword argument 'gird'"]),
+        ("Xyzzy-v0", {}, ["Environment `Xyzzy` doesn't exist."]),
+    ],
+)
+def test_check_env_refuses_what_no_service_could_start_with_gymnasiums_message(env_id, env_kwargs, fragments):
+    with pytest.raises(ValueError) as raised:
+        check_env(env_id, env_kwargs)
+    message = str(raised.value)
+    assert message.startswith(f"env {env_id!r} ")
+    assert all(fragment in message for fragment in fragments), message
+    assert env_id != "Xyzzy-v0" or "closest" not in message  # no close match invented
+
+
+def test_check_env_gives_the_action_space_of_a_good_env():
+    assert check_env("splitrl/Catch-v0", {"continuous": True}).kind == "continuous"

@@ -382,7 +382,7 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
 
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     from splitrl.cli.up import run_up
-    from splitrl.core.envs import ensure_registered
+    from splitrl.core.envs import check_env
     from splitrl.run import files as run_dir
     from splitrl.run.settings import RunSettings
 
@@ -395,7 +395,7 @@ def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         up_settings = validate_settings(RunSettings, given)
         if args.resume is None and up_settings.run_dir is not None:
             run_dir.refuse_a_new_run_over_checkpoints(up_settings.run_dir)
-        ensure_registered(up_settings.env)  # a missing env package is named before any service starts
+        check_env(up_settings.env, up_settings.env_kwargs)  # an unknown id or missing package: before any start
     except ValueError as error:
         parser.exit(2, f"splitrl up: {error}\n")
     return run_up(up_settings, resume=args.resume is not None)

@@ -67,10 +67,11 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
             sleep=stop.sleep,
         )
         started = time.monotonic()
-        progress = Progress(settings.steps, sys.stdout.isatty(), done_steps)
+        progress = Progress(settings.steps, sys.stdout.isatty(), done_steps, settings.verbose)
         tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
         try:
             prepare_tls(settings, run_dir)
+            progress.starting(supervisor.instances, run_dir / "logs")
             supervisor.start_all()
             started = time.monotonic()
             while not supervisor.environment_done():

@@ -9,6 +9,7 @@ the fast pixel env as `splitrl/Catch-v0` and CarRacing with a throttle as `split
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -261,6 +262,23 @@ def action_spec_of(env_id: str, env_kwargs: dict[str, Any]) -> ActionSpec:
         return action_spec_from_space(env.action_space)
     finally:
         env.close()
+
+
+def check_env(env_id: str, env_kwargs: dict[str, Any]) -> ActionSpec:
+    """The env's ActionSpec, from one instance made here: what a run's services would fail on at start, found
+    before any starts. ValueError with gymnasium's own message for an id it does not know (with the closest
+    registered id, if one is close), a package the env needs, kwargs the env refuses or an action space splitrl
+    does not support."""
+    try:
+        return action_spec_of(env_id, env_kwargs)
+    except ValueError:  # ours, already naming the env and the fix
+        raise
+    except gym.error.UnregisteredEnv as error:
+        close = difflib.get_close_matches(env_id, gym.registry.keys(), n=1, cutoff=0.6)
+        hint = f" The closest registered id is {close[0]!r}." if close else ""
+        raise ValueError(f"env {env_id!r} is not registered with gymnasium: {error}{hint}") from None
+    except Exception as error:  # e.g. gymnasium's DependencyNotInstalled, the env's TypeError for a bad kwarg
+        raise ValueError(f"env {env_id!r} cannot be made: {error}") from None
 
 
 def action_spec_from_space(space: gym.Space[Any]) -> ActionSpec:

@@ -43,6 +43,7 @@ class RunSettings(
     steps: int = Field(2048, ge=1, description="Agent steps to take, over all envs (rounded up to num_envs).")
     run_dir: Path | None = Field(None, description="Where logs and summary.json go (default runs/<time>-<mode>).")
     progress_interval_s: float = Field(1.0, gt=0, description="Seconds between live progress updates.")
+    verbose: bool = Field(False, description="Live progress shows each link's bytes sent too, per phase.")
     start_timeout_s: float = Field(120.0, gt=0, description="Seconds each service may take to start serving.")
     torch_threads: int = Field(1, ge=1, le=256, description="torch threads per service process.")
     learner_nice: int = Field(

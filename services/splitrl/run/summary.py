@@ -215,3 +215,24 @@ def mean_return_between(curve: list[dict[str, float]], first: float, last: float
     if episodes == 0:
         return None, 0
     return (inside[-1]["return_sum"] - inside[0]["return_sum"]) / episodes, episodes
+
+
+#: Episodes the recent mean return is taken over (Stable-Baselines3's ep_rew_mean window).
+RECENT_EPISODES = 100
+
+
+def recent_return(points: list[dict[str, float]], episodes: int = RECENT_EPISODES) -> tuple[float | None, int]:
+    """(mean return, episodes) of the last `episodes` or more episodes finished by the last of `points`
+    (cumulative `episodes` and `return_sum`, oldest first): from the newest point at least `episodes` episodes
+    before it, else from the start. None when no episode finished. Points are as often as counters are read, so
+    the window holds whole reads: a few episodes more than `episodes` where many finish between reads."""
+    if not points or not points[-1]["episodes"]:
+        return None, 0
+    last = points[-1]
+    start = {"episodes": 0.0, "return_sum": 0.0}
+    for point in reversed(points):
+        if last["episodes"] - point["episodes"] >= episodes:
+            start = point
+            break
+    count = int(last["episodes"] - start["episodes"])
+    return (last["return_sum"] - start["return_sum"]) / count, count

@@ -104,7 +104,10 @@ class EdgeEncoder:
 class InferenceStub:
     """Served by inference; dialled by the edge-encoder (link `encoder-inference`,
     the WAN link of the rollout phase). The stream's metadata carries
-    `splitrl-codec` (what `observations` holds) and `splitrl-edge-id`.
+    `splitrl-codec` (what `observations` holds: `activation` in the split modes; `frame`, `video` or
+    `stack-bf16` in cloud mode; a stream announcing another codec than inference serves is refused with
+    FAILED_PRECONDITION), `splitrl-edge-id` (a name for logs) and `splitrl-run-id` (names the stream in
+    logs; a reconnecting edge sends a new one).
     """
 
     def __init__(self, channel):
@@ -123,7 +126,10 @@ class InferenceStub:
 class InferenceServicer:
     """Served by inference; dialled by the edge-encoder (link `encoder-inference`,
     the WAN link of the rollout phase). The stream's metadata carries
-    `splitrl-codec` (what `observations` holds) and `splitrl-edge-id`.
+    `splitrl-codec` (what `observations` holds: `activation` in the split modes; `frame`, `video` or
+    `stack-bf16` in cloud mode; a stream announcing another codec than inference serves is refused with
+    FAILED_PRECONDITION), `splitrl-edge-id` (a name for logs) and `splitrl-run-id` (names the stream in
+    logs; a reconnecting edge sends a new one).
     """
 
     def Act(self, request_iterator, context):
@@ -152,7 +158,10 @@ def add_InferenceServicer_to_server(servicer, server):
 class Inference:
     """Served by inference; dialled by the edge-encoder (link `encoder-inference`,
     the WAN link of the rollout phase). The stream's metadata carries
-    `splitrl-codec` (what `observations` holds) and `splitrl-edge-id`.
+    `splitrl-codec` (what `observations` holds: `activation` in the split modes; `frame`, `video` or
+    `stack-bf16` in cloud mode; a stream announcing another codec than inference serves is refused with
+    FAILED_PRECONDITION), `splitrl-edge-id` (a name for logs) and `splitrl-run-id` (names the stream in
+    logs; a reconnecting edge sends a new one).
     """
 
     @staticmethod
