@@ -24,7 +24,7 @@ pytestmark = pytest.mark.deploy
 
 COMPONENTS = sorted(p.name for p in (K8S / "components").iterdir() if (p / "kustomization.yaml").is_file())
 # kinds without a schema in kubernetes-validate (CRDs), allowed only in components
-CRD_KINDS = {"PodMonitor"}
+CRD_KINDS = {"PodMonitor", "Issuer"}
 # The oldest Kubernetes the manifests are checked against (gRPC probes are GA since 1.27).
 OLDEST_KUBERNETES = (1, 29)
 
@@ -115,6 +115,36 @@ def test_podmonitor_component_scrapes_what_the_bundled_prometheus_scrapes(render
         peer = kube.Peer.of(pod)
         for name, number, _ in peer.ports:
             assert kube.allowed(manifest, operator, peer, number) == (name in metrics_ports), (pod.app, name)
+
+
+def test_edge_identity_component_gives_each_edge_pod_its_own_certificate(render, tmp_path):
+    """Each edge container's TLS files come from cert-manager's csi-driver, naming the pod (a stable StatefulSet
+    name) in the container's role, under the file names the container reads, signed by an Issuer over the run's
+    CA; nothing is left of the shared Secret's pair."""
+    from splitrl.core.authz import Identity
+
+    manifest = Manifest(render(_overlay_with_components(tmp_path / "overlay", ["edge-identity"])))
+    edge = manifest.pod("edge")
+    assert edge.workload["kind"] == "StatefulSet"
+    [issuer] = manifest.of_kind("Issuer")
+    assert issuer["apiVersion"] == "cert-manager.io/v1" and issuer["spec"]["ca"]["secretName"]
+    volumes = {volume["name"]: volume for volume in edge.spec["volumes"]}
+    for container in edge.splitrl_containers:
+        role, env = container["name"], manifest.env(container)
+        [mount] = [m for m in container["volumeMounts"] if env["SPLITRL_TLS_CERT_FILE"].startswith(m["mountPath"])]
+        volume = volumes[mount["name"]]
+        assert "secret" not in volume and volume["csi"]["driver"] == "csi.cert-manager.io", role
+        attributes = volume["csi"]["volumeAttributes"]
+        assert attributes["csi.cert-manager.io/issuer-name"] == issuer["metadata"]["name"]
+        uri = attributes["csi.cert-manager.io/uri-sans"]
+        assert Identity.parse(uri.replace("${POD_NAME}", "edge-3")) == Identity(role, "edge-3"), uri
+        for variable, attribute in (
+            ("SPLITRL_TLS_CERT_FILE", "certificate-file"),
+            ("SPLITRL_TLS_KEY_FILE", "privatekey-file"),
+            ("SPLITRL_TLS_CA_FILE", "ca-file"),
+        ):
+            assert env[variable] == f"{mount['mountPath']}/{attributes[f'csi.cert-manager.io/{attribute}']}", variable
+        assert "client auth" in attributes["csi.cert-manager.io/key-usages"]
 
 
 # ---------------------------------------------------------------------------------------------
