@@ -1,0 +1,25 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): the reference pages generated from the code at every build.
+
+reference/cli.md comes from `splitrl`'s argparse parser, reference/wire.md from the comments in protos/
+(scripts/docs_reference.py); neither is checked in, so neither can drift from the code it describes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from mkdocs.config.defaults import MkDocsConfig
+from mkdocs.structure.files import File, Files
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import docs_reference  # noqa: E402  (scripts/ is not a package)
+
+GENERATED = {"reference/cli.md": docs_reference.cli_markdown, "reference/wire.md": docs_reference.wire_markdown}
+
+
+def on_files(files: Files, config: MkDocsConfig) -> Files:
+    for path, render in GENERATED.items():
+        files.append(File.generated(config, path, content=render()))
+    return files
