@@ -63,9 +63,11 @@ def _command_sections(parser: argparse.ArgumentParser, path: str, depth: int) ->
     if parser.epilog:
         yield _escape_block(parser.epilog) + "\n"
     if subcommands:
-        yield "| command | what |\n| --- | --- |\n" + "\n".join(
-            f"| `{path} {name}` | {_escape(help_text)} |" for name, _, help_text in subcommands
-        ) + "\n"
+        yield (
+            "| command | what |\n| --- | --- |\n"
+            + "\n".join(f"| `{path} {name}` | {_escape(help_text)} |" for name, _, help_text in subcommands)
+            + "\n"
+        )
     for name, sub, _ in subcommands:
         yield from _command_sections(sub, f"{path} {name}", depth + 1)
 
@@ -85,6 +87,40 @@ def cli_markdown() -> str:
         "`--num-envs` is `SPLITRL_NUM_ENVS` (see [Settings](settings.md)).\n\n"
     )
     return head + "\n".join(_command_sections(build_parser(), "splitrl", 2))
+
+
+# -- metrics ---------------------------------------------------------------------------------------------
+
+
+def metrics_markdown() -> str:
+    """Every Prometheus family `splitrl.core.metrics.Metrics` defines: type, labels, help, who exports it."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import MetricWrapperBase
+
+    from splitrl.core.metrics import SERVICE_FAMILIES, SHARED_FAMILIES, Metrics
+
+    families = [value for value in vars(Metrics(CollectorRegistry())).values() if isinstance(value, MetricWrapperBase)]
+    rows = []
+    for family in sorted(families, key=lambda family: family._name):
+        name = family._name
+        if name in SHARED_FAMILIES:
+            exporters = "every service"
+        else:
+            exporters = ", ".join(service for service, names in SERVICE_FAMILIES.items() if name in names) or "-"
+        suffix = {"counter": "_total", "info": "_info"}.get(family._type, "")
+        labels = ", ".join(f"`{label}`" for label in family._labelnames)
+        meaning = _escape(family._documentation)
+        rows.append(f"| `{name}{suffix}` | {family._type} | {labels} | {exporters} | {meaning} |")
+    return (
+        "# Metrics reference\n\n"
+        "Generated at every docs build from `splitrl.core.metrics`, where every series splitrl exports is "
+        "defined. Each service serves its families on `/metrics` (`--metrics-port`), beside prometheus_client's "
+        "`process_*` series. A summary's samples are `NAME_count` and `NAME_sum`, a histogram's `NAME_bucket` "
+        "too. [Concepts](../concepts.md#what-crosses-the-wan-and-how-it-is-counted) explains the link "
+        "accounting; Prometheus recording rules in `deploy/prometheus/rules/` give WAN bytes per env step, "
+        "overall, by phase, and by mode and phase (`splitrl:wan_bytes_per_env_step_by_mode_phase:rate1m`).\n\n"
+        "| series | type | labels | exported by | meaning |\n| --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n"
+    )
 
 
 # -- wire protocol -----------------------------------------------------------------------------------------
@@ -135,7 +171,10 @@ def _field_type(field: object) -> str:
     return f"repeated {link}" if field.label == LABEL_REPEATED else link  # type: ignore[attr-defined]
 
 
-def _message(message: object, path: tuple[int, ...], comments: dict[tuple[int, ...], str], prefix: str) -> Iterator[str]:
+Comments = dict[tuple[int, ...], str]
+
+
+def _message(message: object, path: tuple[int, ...], comments: Comments, prefix: str) -> Iterator[str]:
     name = prefix + message.name  # type: ignore[attr-defined]
     yield f"### {name}\n"
     if path in comments:
@@ -205,7 +244,7 @@ def wire_markdown() -> str:
 
 
 if __name__ == "__main__":
-    pages = {"cli": cli_markdown, "wire": wire_markdown}
+    pages = {"cli": cli_markdown, "metrics": metrics_markdown, "wire": wire_markdown}
     if len(sys.argv) != 2 or sys.argv[1] not in pages:
         raise SystemExit(f"usage: python scripts/docs_reference.py {'|'.join(pages)}")
     print(pages[sys.argv[1]]())

@@ -1,6 +1,7 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the reference pages generated from the code at every build.
 
-reference/cli.md comes from `splitrl`'s argparse parser, reference/wire.md from the comments in protos/
+reference/cli.md comes from `splitrl`'s argparse parser, reference/metrics.md from splitrl.core.metrics,
+reference/wire.md from the comments in protos/
 (scripts/docs_reference.py); neither is checked in, so neither can drift from the code it describes.
 """
 
@@ -14,9 +15,13 @@ from mkdocs.structure.files import File, Files
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import docs_reference  # noqa: E402  (scripts/ is not a package)
+import docs_reference
 
-GENERATED = {"reference/cli.md": docs_reference.cli_markdown, "reference/wire.md": docs_reference.wire_markdown}
+GENERATED = {
+    "reference/cli.md": docs_reference.cli_markdown,
+    "reference/metrics.md": docs_reference.metrics_markdown,
+    "reference/wire.md": docs_reference.wire_markdown,
+}
 
 
 def on_files(files: Files, config: MkDocsConfig) -> Files:
