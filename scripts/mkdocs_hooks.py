@@ -1,8 +1,8 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): the reference pages generated from the code at every build.
 
 reference/cli.md comes from `splitrl`'s argparse parser, reference/metrics.md from splitrl.core.metrics,
-reference/wire.md from the comments in protos/
-(scripts/docs_reference.py); neither is checked in, so neither can drift from the code it describes.
+reference/wire.md from the comments in protos/ (scripts/docs_reference.py); none is checked in, so none can
+drift from the code it describes. changelog.md is the repository's CHANGELOG.md, which has one home.
 """
 
 from __future__ import annotations
@@ -17,7 +17,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import docs_reference
 
+
+def _changelog() -> str:
+    return (Path(__file__).resolve().parent.parent / "CHANGELOG.md").read_text()
+
+
 GENERATED = {
+    "changelog.md": _changelog,
     "reference/cli.md": docs_reference.cli_markdown,
     "reference/metrics.md": docs_reference.metrics_markdown,
     "reference/wire.md": docs_reference.wire_markdown,
