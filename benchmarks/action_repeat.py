@@ -1,5 +1,5 @@
 """Benchmark (not a test): agent steps per second of CarRacing-v3 with the plain and the fast action repeat,
-and with the fast draw on top.
+and with the fast draw on top. It backs the "Stepping CarRacing" table of docs/results/throughput.md.
 
     python benchmarks/action_repeat.py --repeats 1 4 8 --steps 300
 

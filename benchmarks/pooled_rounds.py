@@ -1,18 +1,19 @@
-"""Benchmark report (not a test): issue 18's ratios pooled over many `splitrl bench throughput --rounds N` reports.
+"""Benchmark report (not a test): the stack's training speed as a multiple of Stable-Baselines3's, pooled over
+many `splitrl bench throughput --rounds N` reports. It renders the training-speed table of docs/results/sb3.md:
 
-    python benchmarks/pooled_rounds.py docs/throughput/session-4*/rounds-1.md ...
+    python benchmarks/pooled_rounds.py docs/results/data/sb3-throughput/long-*.md
 
 Each report's round-by-round table ("| round | ran first | sb3-ppo frames/s | cloud x sb3-ppo | ... |") gives,
 per round and stack mode, the stack's env frames/s and updates/s as multiples of SB3's in the same round
-("1.48 / 1.45"). One bench is noisy (its rounds spread by 0.06-0.15 on the 2-core dev machine), so this
-pools them: per mode and measure, the benches' medians (what README's targets row reads), their mean with a
+("1.48 / 1.45"). One bench is noisy (on a shared machine its rounds spread by a tenth or more), so this
+pools them: per mode and measure, the benches' medians, their mean with a
 95% interval from resampling whole benches (rounds of one bench share the machine's state, so they are not
 independent draws), every round's spread, and how often a bench median and a round reached `--target`; then
 every round's ratio by which side ran first in it.
 
-Benches are pooled per machine: a report's "Machine: ..." line (written since session 53) names its CPU, and
-machines of one kind have differed (SB3 ran ~25% slower on session 52's AVX2 machine than on sessions 42-51's
-AVX-512 one). Each machine's benches get their own tables; reports without the line pool as "not recorded".
+Benches are pooled per machine: a report's "Machine: ..." line names its CPU, and machines of one kind can
+differ by tens of percent in SB3's pace. Each machine's benches get their own tables; reports without the
+line pool as "not recorded".
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def read_bench(path: Path, reference: str) -> Bench:
     return rounds
 
 
-#: The machine of a report that does not name one (written before session 53).
+#: The machine of a report that does not name one.
 UNRECORDED = "not recorded"
 
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="+", type=Path, help="reports of --rounds 2 or more (throughput.md)")
     parser.add_argument("--reference", default="sb3-ppo", help="the reference the ratios are to (sb3-ppo, sync-ppo)")
-    parser.add_argument("--target", type=float, default=1.5, help="the ratio to count reaching (issue 18: 1.5)")
+    parser.add_argument("--target", type=float, default=1.5, help="the ratio to count reaching")
     parser.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples of the benches")
     parser.add_argument("--seed", type=int, default=0, help="the resampling's seed (the report is reproducible)")
     args = parser.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Benchmark (not a test): replay insert throughput in memory vs with --data-dir, and restore time.
+"""Benchmark (not a test): replay insert throughput in memory vs with --data-dir, and restore time. It backs
+the "Replay persistence" figures of docs/results/throughput.md.
 
     python benchmarks/replay_persistence.py --chunks 4096 --width 256 --unroll 32
 

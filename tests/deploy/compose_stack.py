@@ -101,7 +101,7 @@ def running_stack(
             client.images.get(image)
         except docker.errors.ImageNotFound:
             missing(f"image {image} is not built (see docker/README.md)")
-    # mTLS as deployed: certificates made for this run, readable by the containers' uid 10001 (README "Security").
+    # mTLS as deployed: certificates made for this run, readable by the containers' uid 10001 (docs/security.md).
     tls_dir = Path(tempfile.mkdtemp(prefix="splitrl-compose-tls-"))
     extra_names = [name for name in names.split(",") if name]
     for _, key in certs.generate(tls_dir, SERVICES_WITH_CERTS, extra_names=extra_names).pairs.values():

@@ -1,10 +1,11 @@
-"""split-accumulate with an encoder pretrained on the edge, under docker-compose.yml for real, as README runs it:
+"""split-accumulate with an encoder pretrained on the edge, under docker-compose.yml for real, as the compose
+guide (docs/how-to/compose.md) runs it:
 `docker compose run --rm --no-deps edge-encoder pretrain-encoder --out` into the edge's checkpoint volume, then
 `up` with SPLITRL_ENCODER_INIT naming that file.
 
 Catch at 36 x 36 (compose's default recipe) with a width-32 layernorm encoder, pretrained for a few Adam steps
 only: what is checked is the deployment (the file made in one container, read by the next, kept frozen, no
-gradient on the WAN), not that it learns (docs/learning/carracing-pretrained/ is that benchmark).
+gradient on the WAN), not that it learns (docs/results/learning.md is that benchmark).
 """
 
 from __future__ import annotations

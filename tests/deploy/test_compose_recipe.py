@@ -96,9 +96,13 @@ def test_the_run_level_variables_are_left_to_the_recipe_unless_the_shell_sets_th
             assert environ.get(f"SPLITRL_{field.upper()}", "") == "", (name, field)
 
 
+COMPOSE_GUIDE = REPO / "docs" / "how-to" / "compose.md"
+SCALE_OUT_GUIDE = REPO / "docs" / "how-to" / "scale-out.md"
+
+
 def readme_compose_commands(subcommand: str = "up") -> list[str]:
-    """README's `VAR=value ... docker compose SUBCOMMAND` lines (bash blocks)."""
-    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", (REPO / "README.md").read_text(), re.S))
+    """The compose guide's `VAR=value ... docker compose SUBCOMMAND` lines (bash blocks)."""
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", COMPOSE_GUIDE.read_text(), re.S))
     return [
         line.split("  #")[0].strip()
         for line in blocks.splitlines()
@@ -113,7 +117,7 @@ def shell_of(command: str) -> dict[str, str]:
 
 def test_readmes_compose_commands_set_what_they_say(tmp_path):
     commands = readme_compose_commands()
-    assert len(commands) >= 2, "README shows how to run a recipe under compose"
+    assert len(commands) >= 2, "the compose guide shows how to run a recipe under compose"
     for command in commands:
         shell = shell_of(command)
         compose = rendered(tmp_path, shell)
@@ -129,9 +133,9 @@ def test_readmes_compose_commands_set_what_they_say(tmp_path):
 
 
 def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge_from(tmp_path):
-    """README's one-off `docker compose run ... edge-encoder pretrain-encoder`: its settings are the recipe's
-    and the shell's, as the serving edge-encoder's are; it writes into the edge's checkpoint volume, the file
-    that README's split-accumulate `up` hands the edge."""
+    """The compose guide's one-off `docker compose run ... edge-encoder pretrain-encoder`: its settings are the
+    recipe's and the shell's, as the serving edge-encoder's are; it writes into the edge's checkpoint volume, the
+    file that the guide's split-accumulate `up` hands the edge."""
     from splitrl.cli.main import build_parser
     from splitrl.run.plan import recipe_values
     from splitrl.run.settings import PretrainSettings
@@ -156,7 +160,7 @@ def test_readmes_pretrain_command_writes_the_file_its_up_command_starts_the_edge
     assert any(pretrained.out.is_relative_to(volume) for volume in volumes), (pretrained.out, volumes)
 
     ups = [up for up in readme_compose_commands() if "SPLITRL_ENCODER_INIT" in up]
-    assert ups, "README runs the pretrained encoder under compose"
+    assert ups, "the compose guide runs the pretrained encoder under compose"
     for up in ups:
         assert shell_of(up)["SPLITRL_CONFIG"] == shell["SPLITRL_CONFIG"], "the same recipe pretrains and runs"
         assert Path(shell_of(up)["SPLITRL_ENCODER_INIT"]) == pretrained.out
@@ -192,10 +196,10 @@ def test_the_scale_out_file_runs_the_instances_up_plans_for_replicas_shards_and_
         if service_of(name) == "learner":
             assert settings.replay_address == expected.replay_address, name
             assert settings.rendezvous_endpoint == expected.rendezvous_endpoint == "learner:29500"
-    # The certificates the file's and README's commands make name every added instance (they serve under their
-    # service's certificate).
+    # The certificates the file's and the scale-out guide's commands make name every added instance (they serve
+    # under their service's certificate).
     added = sorted(name for name in compose["services"] if name not in rendered(tmp_path, {})["services"])
-    for text in ((REPO / SCALE_OUT).read_text(), (REPO / "README.md").read_text()):
+    for text in ((REPO / SCALE_OUT).read_text(), SCALE_OUT_GUIDE.read_text()):
         [names] = re.findall(r"splitrl certs --out deploy/tls --names (\S+)", text)
         assert sorted(names.split(",")) == added
     # Every instance keeps its own state; peers share a network with what they dial.

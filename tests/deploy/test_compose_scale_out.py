@@ -1,6 +1,6 @@
 """docker-compose.scale-out.yml for real: 2 inference replicas, 2 replay shards and 2 learner ranks in containers.
 
-The base file's stack (tests/deploy/test_compose.py) with the override layered over it, as README runs it,
+The base file's stack (tests/deploy/test_compose.py) with the override layered over it, as the scale-out guide runs it,
 in split mode (configs/catch.yaml): the learner ranks relay their encoder traffic through rank 0, the only
 learner the edge dials. Checked on what Prometheus scrapes from every instance.
 """

@@ -9,7 +9,7 @@ orthogonal with zero biases (core.models; one run each unless it says more):
   split             leaves it at ~8-12k; +0.56 at 12-16k, +0.96 over the last 4k of 36k;
   split-accumulate  leaves it at ~8-12k (two runs); +0.78 and +0.83 by 36k, +0.98 and +0.61 over the last 4k
                     of 100k.
-With torch's default init (before the thirteenth session) a fresh encoder's features barely followed Catch's
+With torch's default init instead, a fresh encoder's features barely followed Catch's
 mostly black frames (each varied by ~5% of its mean magnitude over 400 frames), so the head had nothing to act
 on until the encoder trained: cloud and split left random play at ~17-20k, split-accumulate at 24-40k with a
 long tail (a CI run scored -0.72 over the last 4k of 72k, another -0.13 over the last 4k of 100k).
@@ -25,7 +25,7 @@ And the narrow, cheap codecs of the bytes frontier:
   the same with --encoder-precision bfloat16 --train-precision bfloat16 (edge and learner under bfloat16
                                                       autocast): leaves it at ~8-12k; +0.92 over the last 4k
                                                       of 40k (59 s), float32 +0.86 beside it (64 s).
-And scaled out (issue 19):
+And scaled out:
   split-accumulate with --learners 2 --inference-replicas 2 --env-groups 2 (the ranks' encoder gradients relayed
                                                       through rank 0, one encoder step per minibatch): leaves
                                                       random play at ~12-16k in two runs; one held +0.71 to
@@ -37,9 +37,8 @@ random, and the last WINDOW_STEPS must clear THRESHOLD (far above random, below
 what was measured).
 
 split-accumulate (whose encoder steps on gradients from activations it made updates earlier) can lose ground
-late: the scaled run above fell to +0.2 after peaking, and a CI run on 14b43cf (2026-11-27, 203 s) scored
--0.08 over the last 4k of 100k, where two runs here that day held above +0.6 per 4k from 28k on and ended at
-+0.98 and +0.82; a CI run on 0478b13 (the same day) scored -0.05 over the last 4k of the scaled run's 100k.
+late: the scaled run above fell to +0.2 after peaking, and CI runs have scored about 0 over the last 4k of
+100k, plain and scaled, where other runs of the same code held above +0.6 per 4k and ended near +0.9.
 For the runs in LOSES_GROUND, and the scaled run, the test asks that the run learned (some 4k window clears
 THRESHOLD) and kept most of it (the last 4k at least HELD above random: +0.4 is ~7 standard errors of a
 window's ~250-300 episodes).

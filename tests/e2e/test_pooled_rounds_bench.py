@@ -1,4 +1,4 @@
-"""benchmarks/pooled_rounds.py pools the round-by-round tables of several throughput reports (issue 18's verdict)."""
+"""benchmarks/pooled_rounds.py pools the round-by-round tables of several throughput reports (docs/results/sb3.md)."""
 
 from __future__ import annotations
 
@@ -139,8 +139,14 @@ def test_refuses_a_report_without_rounds_a_malformed_cell_and_too_few_resamples(
 
 
 @pytest.mark.timeout(90)
-def test_reads_the_committed_reports() -> None:
-    reports = sorted((REPO / "docs" / "throughput" / "session-50").glob("rounds-*.md"))
+def test_renders_the_results_pages_table_from_the_committed_reports() -> None:
+    """The long window's row of docs/results/sb3.md, from the reports it names: 7 benches of 2 rounds each."""
+    reports = sorted((REPO / "docs" / "results" / "data" / "sb3-throughput").glob("long-*.md"))
     done = pooled(*reports)
     assert done.returncode == 0 and f"{len(reports)} benches" in done.stdout, done.stderr
-    assert {row_of(done.stdout, measure)[6] for measure in ("frames", "updates")} == {str(4 * len(reports))}
+    assert {row_of(done.stdout, measure)[6] for measure in ("frames", "updates")} == {str(2 * len(reports))}
+    page = (REPO / "docs" / "results" / "sb3.md").read_text().replace("**", "")
+    for measure in ("updates", "frames"):
+        mean, interval = row_of(done.stdout, measure)[3].split(" ")  # "1.486 (1.461-1.512)"
+        shown = interval.replace("-", "\N{EN DASH}")  # the page writes ranges with an en dash
+        assert f"{mean} {shown}" in page, (measure, mean, interval)

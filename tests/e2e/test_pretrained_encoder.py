@@ -1,8 +1,8 @@
 """`splitrl pretrain-encoder`, then `splitrl up --encoder-init`, as a user runs them (Catch, seconds).
 
-Whether a pretrained, frozen encoder learns is a CarRacing benchmark (docs/learning/carracing-pretrained/):
-on Catch the autoencoder's pixel loss barely sees the 3 x 3 ball, and split-accumulate on it did not learn in
-40k steps (README), so what CI checks here is the plumbing: the file, the edge starting from it and keeping it,
+Whether a pretrained, frozen encoder learns is a CarRacing benchmark (docs/results/learning.md):
+on Catch the autoencoder's pixel loss barely sees the 3 x 3 ball, and split-accumulate on it does not learn
+(docs/how-to/carracing.md), so what CI checks here is the plumbing: the file, the edge starting from it and keeping it,
 the refusals.
 """
 

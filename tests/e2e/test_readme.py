@@ -1,6 +1,7 @@
-"""README's commands run as written: the first run (and that it learns), the one-by-one services example,
-`certs`, `plot` and `report`, and every `--help` README points to. The commands README and its chapters in
-docs/ give (RECORD_PAGES: the full CarRacing and throughput records) parse and validate."""
+"""README's and the docs' commands run as written: the first run (and that it learns), the scaled-out run and
+the one-by-one services example (docs/how-to), `certs`, `plot` and `report`, and every `--help` README points
+to. Every other command README and the docs pages give (RECORD_PAGES; the benchmark reports under
+docs/results/data are the benches' output, not pages of commands) parses and validates."""
 
 from __future__ import annotations
 
@@ -26,15 +27,17 @@ pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).parents[2]
 README = REPO / "README.md"
-#: README and the pages it keeps its full records in; their commands are README's too.
-RECORD_CHAPTERS = ("learning", "network-study", "throughput")
-RECORD_PAGES = (README, *(REPO / "docs" / chapter / "README.md" for chapter in RECORD_CHAPTERS))
+DOCS = REPO / "docs"
+#: README and the manual's pages; their commands are README's too.
+RECORD_PAGES = (README, *sorted(page for page in DOCS.rglob("*.md") if DOCS / "results" / "data" not in page.parents))
+SCALE_OUT_PAGE = DOCS / "how-to" / "scale-out.md"
+SERVICES_PAGE = DOCS / "how-to" / "services.md"
 RANDOM_RETURN = -0.67  # Catch: the paddle covers 2 of 12 columns
 
 
-def bash_block_after(heading: str) -> str:
-    """The first ```bash block after `heading` in README."""
-    text = README.read_text()
+def bash_block_after(heading: str, page: Path = README) -> str:
+    """The first ```bash block after `heading` in `page`."""
+    text = page.read_text()
     section = text[text.index(heading) :]
     match = re.search(r"```bash\n(.*?)```", section, re.S)
     assert match, f"no bash block after {heading!r}"
@@ -66,7 +69,7 @@ def shell(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProces
 
 @pytest.mark.timeout(900)
 def test_the_first_run_learns_catch_and_its_plot_and_report_commands_run(tmp_path):
-    """Quick start's run command, as written (plus --run-dir), from random play to >= +0.8 (issue 16)."""
+    """Quick start's run command, as written (plus --run-dir), from random play to >= +0.8."""
     [run_command] = [line for line in bash_block_after("## Quick start").splitlines() if "splitrl up" in line]
     run_dir = tmp_path / "first-run"
     result = shell(f"{run_command.split('#')[0]} --run-dir {run_dir}", cwd=REPO, timeout=600)
@@ -89,9 +92,9 @@ def test_the_first_run_learns_catch_and_its_plot_and_report_commands_run(tmp_pat
 
 @pytest.mark.timeout(900)
 def test_the_scale_out_run_learns_catch_on_every_replica_and_shard(tmp_path):
-    """The scaled-out run README gives (inference replicas, replay shards), as written: every instance served
-    and exited cleanly, and it learns (measured +0.83 over the last 20%; +0.6 leaves room for seeds and load)."""
-    [run_command] = bash_block_after("## Scaling the cloud side out").splitlines()
+    """The scaled-out run the scale-out guide gives (inference replicas, replay shards), as written: every instance
+    served and exited cleanly, and it learns (measured +0.83 over the last 20%; +0.6 leaves room for seeds and load)."""
+    [run_command] = bash_block_after("# Scale out", SCALE_OUT_PAGE).splitlines()
     assert "--inference-replicas 2" in run_command and "--replay-shards 2" in run_command
     run_dir = tmp_path / "scaled"
     result = shell(f"{run_command} --run-dir {run_dir}", cwd=REPO, timeout=600)
@@ -123,7 +126,7 @@ SHUTDOWN_S = 30
 
 
 def test_the_services_one_by_one_example_runs_as_written(tmp_path):
-    script = bash_block_after("## Running services one by one")
+    script = bash_block_after("# Run services one by one", SERVICES_PAGE)
     ports = [int(port) for port in re.findall(r"--port (\d+)", script)]
     assert len(ports) == 4, script
     for attempt in range(3):

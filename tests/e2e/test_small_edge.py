@@ -1,4 +1,4 @@
-"""A small edge: the environment service process never loads torch (issue 18's resident-memory target is
+"""A small edge: the environment service process never loads torch (its resident-memory budget is
 measured by `splitrl bench throughput`; this pins the cause). Replay, which only stores and hands out
 chunks, does without it too, so it restarts without torch's import. In the split modes neither the edge
 encoder nor inference loads FFmpeg (PyAV), which only cloud's h264 codec uses. The environment's envs draw

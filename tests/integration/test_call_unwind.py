@@ -2,8 +2,8 @@
 
 gRPC's `Server.stop` returns once its core holds no live call; a handler whose peer has just gone can still
 be running in Python then. If the loop closes first, asyncio cancels gRPC's task for that call and gRPC prints
-"Exception not handled by _handle_exceptions" with a CancelledError traceback (the README's one-by-one
-example failed on it once in CI). rpc.CallTasks notes each call's task; ServiceHost.stop waits for them.
+"Exception not handled by _handle_exceptions" with a CancelledError traceback (the docs' one-by-one services
+example, docs/how-to/services.md, can hit it). rpc.CallTasks notes each call's task; ServiceHost.stop waits for them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Data-parallel learners (issue 19): ranks in real processes, meeting over a real TCPStore with gloo.
+"""Data-parallel learners: ranks in real processes, meeting over a real TCPStore with gloo.
 
 Each rank trains on its own batch; after every update the ranks hold identical weights, and those weights
 are what one learner gets from the mean gradient of both batches, not what either batch alone gives.

@@ -1,4 +1,4 @@
-"""Data-parallel learners in the split modes (issue 19): every rank's encoder traffic goes through rank 0.
+"""Data-parallel learners in the split modes: every rank's encoder traffic goes through rank 0.
 
 Two ranks as real processes (gloo over a real TCPStore). Rank 0 holds the edges' link, here a recording
 stand-in for EdgeLinks; each rank trains on its own chunks, whose step ids are disjoint. The invariant of

@@ -1,4 +1,4 @@
-"""Inference replicas (issue 19): the edge spreads its environment streams over every replica, the learner keeps
+"""Inference replicas: the edge spreads its environment streams over every replica, the learner keeps
 each one on the newest weights, and the streams of a lost replica move to the others. Real gRPC servers on
 loopback, from a run's plan with --inference-replicas."""
 

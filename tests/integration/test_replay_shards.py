@@ -1,4 +1,4 @@
-"""Replay shards (issue 19): inference replicas each write to one shard, the learner samples every shard and
+"""Replay shards: inference replicas each write to one shard, the learner samples every shard and
 routes each chunk's priority back to the shard that holds it; nothing acknowledged is lost across shards.
 Real gRPC servers on loopback, from a run's plan with --inference-replicas 2 --replay-shards 2."""
 

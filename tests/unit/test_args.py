@@ -263,12 +263,12 @@ def test_a_missing_config_file_is_named(parser, tmp_path):
 
 
 def test_the_shipped_configs_are_valid(parser):
-    """configs/, and the recipes whose commands docs/learning gives, stay valid as settings change."""
+    """configs/, and the recipes the learning results were run from, stay valid as settings change."""
     root = Path(__file__).parents[2]
     configs = sorted((root / "configs").glob("*.yaml"))
     assert configs, "configs/ holds the per-env recipes"
-    documented = sorted((root / "docs" / "learning").rglob("recipe.yaml"))
-    assert len(documented) >= 5, "docs/learning's reports each keep the recipe they ran"
+    documented = sorted((root / "docs" / "results" / "data" / "learning").rglob("recipe.yaml"))
+    assert len(documented) >= 5, "the learning results' reports each keep the recipe they ran"
     for config in configs + documented:
         up_settings(parser, "--config", str(config))
 

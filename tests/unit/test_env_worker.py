@@ -76,7 +76,7 @@ def test_a_workers_cpu_and_memory_are_read_while_it_runs_and_kept_once_it_ends(w
 
 
 def test_a_carracing_worker_draws_with_pygame_but_loads_neither_its_sound_nor_its_image_libraries() -> None:
-    """The worker's process refuses envs.UNUSED_PYGAME_MODULES before it builds its envs (issue 18's small edge)."""
+    """The worker's process refuses envs.UNUSED_PYGAME_MODULES before it builds its envs (a small edge)."""
     worker = WorkerVectorEnv("CarRacing-v3", {"continuous": False}, 1, 96, 4)
     try:
         worker.reset(seed=0)

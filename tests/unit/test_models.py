@@ -91,8 +91,8 @@ def test_with_channels_last_weights_the_frames_reach_the_first_convolution_chann
 
 
 def test_with_contiguous_weights_the_frames_keep_their_layout():
-    """Inference and the edge act on a few rows, where channels-last was slower (docs/throughput/
-    carracing-channels-last): their encoders keep the layout the frames come in."""
+    """Inference and the edge act on a few rows, where channels-last is slower: their encoders keep the layout
+    the frames come in."""
     encoder = Encoder(width=4096)
     layouts: list[bool] = []
     encoder.net[0][0].register_forward_pre_hook(lambda _, inputs: layouts.append(inputs[0].is_contiguous()))

@@ -2,7 +2,7 @@
 
 The five services run side by side, so on C cores the stack makes at most C / (its CPU seconds per agent
 step) agent steps per second, and that only with every core busy. Read against a target ratio to SB3's rate
-(issue 18: 1.5x), that says how much CPU per agent step the stack may spend and how much of what it spends
+(TARGET_RATIO_TO_SB3), that says how much CPU per agent step the stack may spend and how much of what it spends
 must go.
 
 sync-ppo does the same work (the envs, the network, the PPO update) in one process. On one torch thread its
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from splitrl.bench.throughput_report import ThroughputReport
 
-#: Issue 18's target: the stack's rate against SB3 PPO's, both training.
+#: The target the bench reads its CPU budget against: the stack's rate as a multiple of SB3 PPO's, both training.
 TARGET_RATIO_TO_SB3 = 1.5
 
 
@@ -63,9 +63,8 @@ def machine_line(cores: int, machine: str) -> str:
 
 def machine_description() -> str:
     """What a bench ran on, for its report: the CPU model and the instruction set torch's CPU kernels use
-    ("AMD EPYC, torch kernels AVX2"). Rates from machines of one kind differ: sessions 42-51's AVX-512
-    machine ran SB3 ~25% faster than session 52's AVX2 one, so benches are pooled per machine
-    (benchmarks/pooled_rounds.py)."""
+    ("AMD EPYC, torch kernels AVX2"). Rates from machines of one kind can differ by tens of percent, so
+    benches are pooled per machine (benchmarks/pooled_rounds.py)."""
     import torch  # here: benchmarks/pooled_rounds.py reads MACHINE_PREFIX from this module and needs no torch
 
     return f"{cpu_model()}, torch kernels {torch.backends.cpu.get_cpu_capability()}"

@@ -1,7 +1,7 @@
 """`splitrl bench throughput --rounds N`: the training comparison run N times, its ratios round by round.
 
-On a shared 2-core machine one run's rate swings 20-30% between runs half an hour apart (docs/throughput),
-so one round's stack-to-SB3 ratio can land either side of a target. Each round trains every reference and
+On a shared machine one run's rate can swing by tens of percent between runs half an hour apart, so one
+round's stack-to-SB3 ratio can land either side of a target. Each round trains every reference and
 every stack mode once. Odd rounds run them in the bench's order (references, then stacks); even rounds in
 exactly the reverse order (`round_order`), so over each pair of rounds every run holds the same mean place,
 and a machine that slows (or speeds up) steadily over the bench weighs on both sides of every ratio alike;

@@ -99,7 +99,7 @@ class ThroughputReport:
     trained: dict[str, BaselineResult] = field(default_factory=dict)
     #: CPU cores the bench's processes could run on (0: not recorded).
     cores: int = 0
-    #: The CPU they are (cpu_budget.machine_description; "": not recorded, as in reports before session 53).
+    #: The CPU they are (cpu_budget.machine_description; "": not recorded).
     machine: str = ""
     #: Every round of the training comparison's rates (--rounds), the first being `trained` and `stacks`'.
     rounds: list[TrainingRound] = field(default_factory=list)

@@ -2,8 +2,8 @@
 
 An action repeat keeps only the last frame of each repeat. Envs that draw their
 observation inside `step()` waste most of a repeat drawing frames nobody sees:
-on this machine a CarRacing-v3 frame is 5.6 ms, 4.4 ms of it drawing the 96 x 96
-state picture and 0.06 ms of it physics (docs/design.md §5; issue 15).
+most of a CarRacing-v3 step is drawing its state picture, and about 1% of it
+physics (docs/design.md §5).
 
 A *render skipper*, registered per env class, tells such an env not to draw:
 inside its `skipping()` context `step()` returns the previous observation

@@ -1,11 +1,10 @@
 """CarRacing with discrete actions that use the whole throttle: `splitrl/CarRacingThrottle-v0`.
 
 gymnasium's discrete CarRacing (`continuous=False`) has five actions, and its "gas" presses the throttle to 0.2
-of its travel, never while steering. A car that only ever has a fifth of its engine accelerates slowly (on a
-straight from a standstill, 43 speed units after 100 frames against 85 at full throttle) and coasts through
-every turn. That caps the score: an episode is cut at 1,000 frames and pays 1000/N per tile and -0.1 per frame,
-so 900 ("solved") needs about every tile within those 1,000 frames. The discrete recipe's best policies ran out
-of frames with up to 97.8% of a track's tiles (docs/learning/carracing-throttle/).
+of its travel, never while steering. A car that only ever has a fifth of its engine accelerates slowly (about
+half the speed of full throttle after 100 frames from a standstill) and coasts through every turn. That caps
+the score: an episode is cut at 1,000 frames and pays 1000/N per tile and -0.1 per frame, so 900 ("solved")
+needs about every tile within those 1,000 frames, and the discrete recipe's policies run out of frames first.
 
 This env is the same CarRacing (continuous controls underneath, same physics, rewards, tracks and pictures) with
 a discrete action table over those controls. The default table is every combination of steering full left,
@@ -14,10 +13,8 @@ categorical policy keeps what made the discrete recipe learn; the car gets the e
 Another table comes in as env_kwargs: {"actions": [[steer, gas, brake], ...]} (steer -1 full left to +1 full
 right, gas and brake 0 to 1, as CarRacing's continuous action).
 
-Measured on the V-trace recipe at 2M frames (one seed, 100 unseen tracks): sampling its actions the policy
-scored 807.8 against the discrete env's 725.1, its most likely action 489.2 against 720.9 (it sets its speed by
-mixing throttle and coasting, which argmax cannot do); resumed to 3M frames, 807.6 and 670.2. So
-configs/carracing.yaml keeps the discrete env (docs/learning/carracing-throttle/).
+With it a policy samples better but its most likely action drives worse (it sets its speed by mixing throttle
+and coasting, which argmax cannot do), so configs/carracing.yaml keeps the discrete env (docs/results/learning.md).
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ import numpy as np
 
 ENV_ID = "splitrl/CarRacingThrottle-v0"
 
-#: (steer, gas, brake) of each discrete action: steer {-1, 0, 1} x gas {1, 0} x brake {0.2, 0}. A first table of
-#: gymnasium's five plus full throttle and throttle while steering left the throttle unused: at 500k frames its
-#: policy pressed gymnasium's gas 0.2 on 67-76% of steps and full throttle on 0-2% (docs/learning/carracing-throttle).
+#: (steer, gas, brake) of each discrete action: steer {-1, 0, 1} x gas {1, 0} x brake {0.2, 0}. No partial throttle:
+#: given gymnasium's 0.2 beside full throttle, a policy keeps to the 0.2 it starts with and leaves full throttle unused.
 DEFAULT_ACTIONS: tuple[tuple[float, float, float], ...] = tuple(
     (steer, gas, brake) for steer in (-1.0, 0.0, 1.0) for gas in (1.0, 0.0) for brake in (0.2, 0.0)
 )

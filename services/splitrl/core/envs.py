@@ -104,8 +104,8 @@ class ReleaseCanvas(gym.Wrapper[Any, Any, Any, Any]):
 #: FluidSynth, FLAC, Vorbis, Opus and mpg123) and image files other than BMP (SDL_image with libtiff, libpng,
 #: libjpeg and libwebp). pygame is built to run without them: its __init__ catches the ImportError, puts a
 #: MissingModule in the mixer's place (it raises NotImplementedError naming the module when used; sndarray goes
-#: with it) and leaves pygame.image to BMP files. Not loading them keeps 2.4 MiB of resident memory out of an
-#: environment process with 8 CarRacing envs (issue 18's <= 100 MB edge).
+#: with it) and leaves pygame.image to BMP files. Not loading them keeps a few MiB of resident memory out of an
+#: environment process, on an edge where every MiB counts.
 UNUSED_PYGAME_MODULES: tuple[str, ...] = ("pygame.mixer", "pygame.mixer_music", "pygame.imageext")
 #: Env classes ("module.QualifiedName", env_class_key) checked to draw without UNUSED_PYGAME_MODULES: CarRacing
 #: uses surfaces, gfxdraw, transform, surfarray and a font (its score), no sound and no image files. Other envs
@@ -179,8 +179,8 @@ def gray_frame(frame: np.ndarray) -> np.ndarray:
     """uint8 RGB [H, W, 3] -> uint8 [H, W]: gymnasium's GrayscaleObservation, pixel for pixel; a new array.
 
     gymnasium multiplies the frame by LUMA_WEIGHTS in float64, sums the channel axis and truncates. Summing an
-    axis of 3 adds red, green and blue in that order, as here, where the planes are added instead (267 against
-    36 us for a 96 x 96 frame on the 2-core dev machine: 6% of a CarRacing agent step at repeat 4). Every one of
+    axis of 3 adds red, green and blue in that order, as here, where the planes are added instead (several
+    times faster). Every one of
     the 2**24 colours comes out the same (tests/unit/test_envs.py)."""
     planes = frame.astype(np.float64)
     red, green, blue = (planes[..., channel] * weight for channel, weight in enumerate(LUMA_WEIGHTS))
@@ -212,7 +212,7 @@ def make_env(
     `skip_render=False` draws every repeated frame, `release_canvas=False` keeps the env's drawing canvas,
     `fast_draw=False` keeps the env's own drawing code and `reuse_heap=False` leaves glibc's heap thresholds
     as they are (only to time or check the fast repeat, the release, the fast draw or the heap setting against
-    the plain env: benchmarks/action_repeat.py, benchmarks/canvas_heap.py).
+    the plain env: benchmarks/action_repeat.py).
     """
     ensure_registered(env_id)
     env = gym.make(env_id, **env_kwargs)

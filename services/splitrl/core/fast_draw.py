@@ -2,9 +2,9 @@
 score written with a font loaded once.
 
 gymnasium's CarRacing draws every observation on a 1000 x 800 canvas and scales it
-down to 96 x 96. About half of its ~7 ms per drawn frame on the 2-core dev machine
-is Python placing ~700 polygons (400 grass patches, ~300 road tiles) one vertex at
-a time through pygame.math.Vector2, to find the ~60 that are on screen. `_NumpyRoad`
+down to 96 x 96. About half of the time of a drawn frame is Python placing ~700
+polygons (400 grass patches, ~300 road tiles) one vertex at a time through
+pygame.math.Vector2, to find the ~60 that are on screen. `_NumpyRoad`
 places them all with a few array operations per frame and hands pygame the same
 coordinates (same float64 arithmetic, in the same order), in the same drawing order
 and colours. So the canvas, the observation and `render()` are bit-identical to
@@ -13,9 +13,9 @@ off the track, with and without domain randomisation). Everything else (the car,
 the indicators, the scaling) is still gymnasium's own code.
 
 gymnasium also loads pygame's default font from its TrueType file at every draw, to
-write the score, and a new font has no glyphs rendered yet: ~360 us a frame, against
-~5 us with one font kept (`_RenderWithOneFont`, one per process; an agent step at
-repeat 4 took 1.89 ms instead of 2.54 in benchmarks/action_repeat.py). The same font
+write the score, and a new font has no glyphs rendered yet: hundreds of microseconds
+a frame, against a few with one font kept (`_RenderWithOneFont`, one per process;
+benchmarks/action_repeat.py times it). The same font
 renders the same glyphs, so the pixels stay gymnasium's (the same test).
 
 A *fast draw* is registered per env class, like the render skippers of

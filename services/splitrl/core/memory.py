@@ -2,20 +2,19 @@
 step where page faults are (a canvas drawn at every env step, a learner's minibatches).
 
 glibc keeps memory that Python and torch free (a training step's inputs, activations and gradients, the
-stacks each env step builds) inside its heap for reuse, and resident-size accounting counts it. On the
-edge's CarRacing split that was 100-140 MB over a ~380 MB process (docs/throughput/carracing-edge-memory).
-`malloc_trim(0)` hands it back; it takes ~2 ms over such a heap, so it is called after events that free a
-lot (encoder optimizer steps, paced by `FreedMemory`), never per env step. Returning every free at once instead
-(`MALLOC_MMAP_THRESHOLD_`) cost the edge 40-60% more CPU per env step in page faults.
+stacks each env step builds) inside its heap for reuse, and resident-size accounting counts it: on the
+edge's CarRacing split, a large share of the process. `malloc_trim(0)` hands it back; it takes milliseconds
+over such a heap, so it is called after events that free a lot (encoder optimizer steps, paced by
+`FreedMemory`), never per env step. Returning every free at once instead (`MALLOC_MMAP_THRESHOLD_`) would
+cost the edge page faults at every step.
 
 The opposite case is a process that frees and reallocates the same large block at every step: CarRacing's
 3.2 MB drawing canvas, freed after each step by splitrl.core.envs.ReleaseCanvas. With glibc's default
 (dynamic) thresholds the freed canvas sits at the top of the heap, the heap is trimmed, and the next draw
-faults its ~1,530 pages back in: 7.52 against 3.92 ms per agent step for 8 envs in one process
-(benchmarks/canvas_heap.py). `reuse_freed_blocks()` fixes the thresholds so such a block stays in the heap for
-the next draw, of any env of the process (8 envs then hold 65 MB resident instead of 59 released or 89 kept).
-The learner's trainer sets the same, for its minibatches' inputs and activations (CarRacing: 19 and 9 MB at
-every step): with glibc's dynamic thresholds a float32 minibatch step took ~84 instead of ~70 ms. A thread's
+faults its pages back in, which can double an agent step's time. `reuse_freed_blocks()` fixes the thresholds
+so such a block stays in the heap for the next draw, of any env of the process, for a few MB more resident.
+The learner's trainer sets the same, for its minibatches' inputs and activations (megabytes at every step),
+which its steps would otherwise fault in afresh. A thread's
 own heap (a glibc arena) grows by further 64 MiB mappings and unmaps each as soon as it is empty, whatever
 the trim threshold, so `splitrl serve` first puts every thread on the main heap (`one_heap`).
 """
@@ -31,8 +30,8 @@ from functools import cache
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 #: Blocks up to this size come from the heap: a CarRacing canvas is 3.2 MB. glibc's default is dynamic, from
 #: 128 KB up to the largest block freed so far, capped at 32 MiB; fixing it lower would send the larger tensors
-#: of a PPO update in the same process (the bench's baselines: 4-19 MB) to fresh mappings, faulted in at every
-#: minibatch (0.16-0.18 -> 0.21-0.22 CPU s per minibatch at width 4,096 with 4 MiB).
+#: of a PPO update in the same process (the bench's baselines: megabytes) to fresh mappings, faulted in at every
+#: minibatch.
 REUSED_BLOCK_BYTES = 32 * 2**20
 #: The heap is trimmed when more than this is free at its top: above a canvas pair (the draw and its flip) and
 #: a minibatch's largest blocks, as glibc's dynamic default would be (twice the mmap threshold).
@@ -64,12 +63,11 @@ def one_heap() -> bool:
     Call it first thing in a process: a thread that allocated before keeps the heap it was given, and later
     threads are handed that heap in turn with the main one. By default glibc gives each new thread a heap of its
     own (an arena), which grows by further 64 MiB mappings and unmaps each as soon as it is empty, whatever
-    the trim threshold. A CarRacing V-trace learner's training thread made and unmapped 16-18 such mappings
-    a second, faulting an update's blocks in afresh each time: 17,000-62,000 page faults a second and
-    0.03-0.11 of a core in the kernel, against 500-2,000 and 0.01 on the main heap (docs/throughput,
-    session 46). Sharing the main heap's lock cost nothing those 2-core runs could tell
-    from their spread: a service runs one torch thread, and the small blocks of gRPC's and the event loop's
-    threads come from each thread's own cache (glibc's tcache) without the lock.
+    the trim threshold. A learner's training thread would make and unmap many such mappings a second,
+    faulting an update's blocks in afresh each time (tens of thousands of page faults a second, against a
+    few thousand on the main heap). Sharing the main heap's lock costs little: a service runs one torch thread,
+    and the small blocks of gRPC's and the event loop's threads come from each thread's own cache (glibc's
+    tcache) without the lock.
     """
     mallopt = _mallopt()
     return mallopt is not None and bool(mallopt(_M_ARENA_MAX, 1))
@@ -115,8 +113,8 @@ class FreedMemory:
     have freed at least `threshold` bytes, as the caller counts them.
 
     A step's garbage is reused by the next step's allocations, so trimming after each of many small steps buys
-    no memory and costs ~0.6 ms a time: 4% of the edge-encoder's CPU at 64 Catch envs, whose split-accumulate
-    edge steps ~70 times a second. Between trims the heap holds at most the garbage of the steps counted since
+    no memory and costs a fraction of a millisecond a time, a visible share of an edge-encoder's CPU when it
+    steps tens of times a second. Between trims the heap holds at most the garbage of the steps counted since
     the last one, under `threshold` plus one step."""
 
     def __init__(self, threshold: int = TRIM_AFTER_BYTES) -> None:

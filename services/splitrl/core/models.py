@@ -52,9 +52,9 @@ def unit_range(frames: torch.Tensor) -> torch.Tensor:
     """uint8 frames (any shape) as a new float32 tensor in [0, 1], in their layout (contiguous or channels-last):
     `frames / 255` within an ulp. `frames` itself is left as it is, whatever its dtype.
 
-    Times the reciprocal rather than divides: on this machine's CPU the in-place division of a 128-row CarRacing
-    minibatch (4.7M numbers) took 2.7 ms against 0.7 ms, of a ~80 ms learner step. In place on the float copy,
-    which is this call's own: a second 4-byte-per-number buffer cost ~0.9 ms more."""
+    Times the reciprocal rather than divides: a multiplication is several times cheaper than a division over
+    a minibatch's millions of numbers. In place on the float copy, which is this call's own: a second
+    4-byte-per-number buffer would cost as much again."""
     return frames.to(torch.float32, copy=True).mul_(UNIT_SCALE)
 
 
@@ -107,8 +107,7 @@ class Encoder(nn.Module):
         the same tensor when already in it.
 
         Reordering while the frames are 1 byte per number makes the float copy born in the convolutions'
-        layout, so neither the forward pass nor the first convolution's backward reorders 4 bytes per number
-        (the CarRacing learner's convolutions, 128 rows: ~45 instead of ~54 ms forward and backward). A
+        layout, so neither the forward pass nor the first convolution's backward reorders 4 bytes per number. A
         learner reorders an update's rows once (Trainer.update), not each minibatch: row indexing keeps it."""
         first_conv_weight = next(self.parameters())
         if first_conv_weight.is_contiguous(memory_format=torch.channels_last):

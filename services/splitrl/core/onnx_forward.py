@@ -1,10 +1,8 @@
 """A policy network's acting pass run by ONNX Runtime: the same layers and weights as torch's, as an ONNX graph.
 
 Inference acts on a few rows at a time (4 per CarRacing env group of the bench). At that size torch's eager CPU
-kernels cost about twice ONNX Runtime's, which packs each weight into its kernels' layout once per session: one
-pass on 4 CarRacing stacks took 2.80 ms of CPU against 1.53 ms (one thread, caches flushed between calls as the
-other services flush them between two batches; benchmarks/acting_runtime.py, 2026-12-06). Training stays in
-torch.
+kernels cost about twice ONNX Runtime's, which packs each weight into its kernels' layout once per session.
+Training stays in torch.
 
 `ForwardGraph` writes the network's forward pass, up to the action distribution's parameters and the value, as
 an ONNX graph once; `ForwardGraph.session(state_dict)` makes an ONNX Runtime session holding one version of the

@@ -4,9 +4,9 @@ Two places train or act in bfloat16 when asked, each with its own setting: the l
 (`--train-precision`: its forward and backward passes) and the split edge's encoder
 (`--encoder-precision`: its acting forwards and its training's forward and backward). Under autocast,
 convolutions and matrix products run in bfloat16 while weights, their gradients and optimizer state stay
-float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) a training step is 1.4-1.9x as fast
-(docs/throughput/carracing-bf16/, docs/throughput/edge-bf16/; the edge's small acting batches gain little);
-on one without, oneDNN emulates it, slower than float32, so asking for it there logs a warning.
+float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) a training step is faster (the edge's small
+acting batches gain little); on one without, oneDNN emulates it, slower than float32, so asking for it there
+logs a warning.
 """
 
 from __future__ import annotations

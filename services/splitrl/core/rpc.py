@@ -33,11 +33,11 @@ MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 WAN_WINDOW_BYTES = 8 * 1024 * 1024
 #: Both ends of each WAN link (the edge-encoder's dials, and the servers edges dial: inference, learner).
 #: gRPC sizes its windows by probing the bandwidth-delay product with PINGs, each answered by a PING ack,
-#: mostly in packets of their own: on the edge's small lockstep messages they were ~20% of the WAN's packets
-#: and ~10% of its kernel bytes (`splitrl bench framing`, CarRacing split: 123.4 -> 111.7 B per env step).
+#: mostly in packets of their own: on the edge's small lockstep messages they are a large share of the WAN's
+#: packets and a tenth or so of its kernel bytes (`splitrl bench framing` measures them).
 #: A fixed 8 MiB window lets any message up to that size cross in one round trip, and a larger one after window
-#: updates. Links inside the cloud or the edge keep the probing: streaming 72 KB messages on loopback ran 15-20%
-#: faster with it (`splitrl bench throughput --link-wan`), and their packets cost nothing. One exception:
+#: updates. Links inside the cloud or the edge keep the probing: large messages on loopback stream faster with
+#: it (`splitrl bench throughput --link-wan`), and their packets cost nothing. One exception:
 #: the learner's weights reach inference on inference's (WAN) server, so that cloud link has the fixed window
 #: too (one weights message per update, well under 8 MiB at the recipe's sizes).
 WAN_FLOW_CONTROL: Sequence[tuple[str, Any]] = (
@@ -204,7 +204,7 @@ class CallTasks(grpc.aio.ServerInterceptor):
     gRPC's `Server.stop` returns once gRPC's core holds no live call, but the Python task of a call whose
     peer has just gone can still be unwinding then. If the process's event loop closes first, asyncio cancels
     that task under gRPC's own wrapper, which prints "Exception not handled by _handle_exceptions" and a
-    CancelledError traceback (a learner's Train call, the README's one-by-one example, once in CI).
+    CancelledError traceback (for example a learner's Train call when services are stopped one by one).
     `intercept_service` runs in the call's own task, so that is the task noted.
     """
 

@@ -49,9 +49,8 @@ def samples(text: str) -> Iterable[Sample]:
 
     Each text is parsed once while it is recent: `splitrl up` reads every service's newest exposition for its
     progress line, its curve point and TensorBoard, ~10 readings per text, and prometheus_client's parser takes
-    ~2 ms for each of splitrl's ~20-28 KB expositions. Parsing at every reading kept `splitrl up` 0.17 of a
-    core busy in a CarRacing run on 2 cores (a bench's 0.5 s progress interval); parsing once, 0.03
-    (docs/throughput, session 40).
+    milliseconds for each exposition: parsing at every reading would keep `splitrl up` a noticeable share of a
+    core busy, several times what parsing once costs.
     """
     return _parsed(text)
 

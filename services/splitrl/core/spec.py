@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 
 #: The encoder's last layer. relu: activations >= 0, unbounded. layernorm: each row normalised to mean 0 and
 #: variance 1 (no learned gain), so |activation| <= sqrt(width - 1) whatever the weights: a trained encoder cannot
-#: inflate what it sends (on CarRacing a ReLU width-32 split-accumulate encoder grew its activations ~3,000x within
-#: 1,200 edge steps and the policy collapsed; docs/learning/README.md).
+#: inflate what it sends (a narrow ReLU encoder that trains can grow its activations by orders of magnitude, and the
+#: policy then collapses).
 Bottleneck = Literal["relu", "layernorm"]
 
 

@@ -6,10 +6,10 @@ The store is bounded: an id evicted before the learner asks for it is counted (`
 and skipped, never an error. It is not thread-safe: the edge's EncoderTrainer puts and looks up under a lock,
 and unpacks on its training thread only.
 
-Frames are kept zstd-compressed (level 1). Measured on CarRacing-v3's 96 x 96 gray frames of driving
-(2026-11-27): 9,216 B pack to ~1.1 KB (8.4x) in ~18 us and unpack in ~10 us, so the recipe's full store of
-3,584 steps holds ~4 MB of frames instead of 33 MB, for one pack per env step and one unpack per frame a
-training request reads. Incompressible frames (noise) cost a few bytes more than raw.
+Frames are kept zstd-compressed (level 1): CarRacing-v3's 96 x 96 gray frames of driving shrink about 8x
+in tens of microseconds each way, so a full store holds a few MB of frames instead of tens, for one pack
+per env step and one unpack per frame a training request reads. Incompressible frames (noise) cost a few
+bytes more than raw.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class ObservationStore:
                 f"ObservationStore holds uint8 {list(shape)} frames, got {frame.dtype} {list(frame.shape)}"
             )
         # A copy of exactly the compressed size: python-zstandard allocates its output at ZSTD_compressBound
-        # (~9.3 KB for a 9 KB frame) and shrinks it in place, and the heap kept each shrunk chunk's tail: a
-        # store of 3,584 packed frames held 45 MB instead of 8 in a standalone test.
+        # (a little more than the frame) and shrinks it in place, and the heap keeps each shrunk chunk's tail: a
+        # full store would hold several times the bytes of its packed frames.
         packed = bytes(memoryview(self._compressor.compress(frame.contiguous().numpy().data)))
         self._packed[id(frame)] = (weakref.ref(frame), packed)
         return packed

@@ -1,8 +1,8 @@
 """Adam for the edge's encoder, without torch.optim.Optimizer's import cost.
 
 torch.optim.Optimizer's methods are wrapped by torch._disable_dynamo, which imports torch._dynamo (and with
-it sympy and mpmath, ~800 modules) the first time one of them runs: tens of MB resident on an edge whose
-target is 300 MB (issue 18; measured in docs/throughput/carracing-edge-memory/lean-adam.md).
+it sympy and mpmath, hundreds of modules) the first time one of them runs: tens of MB resident on an edge
+whose budget is a few hundred.
 `LeanAdam` runs the same update through torch's functional Adam (`torch.optim.adam.adam`, which imports
 nothing outside torch.compile) and keeps its state in torch.optim.Adam's state_dict layout, so a checkpoint
 written by either loads into the other and the steps after it are the same, bit for bit (tests/unit/

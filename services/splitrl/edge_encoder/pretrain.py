@@ -1,11 +1,11 @@
 """The split edge's encoder trained on the edge alone, before a run: an autoencoder of frames a random policy sees.
 
 Why: split-accumulate's head trains on the activations stored when each step was acted on. An encoder the
-learner's gradients move no longer produces them (on CarRacing one Adam step at 2.5e-4 moves a width-32
-encoder's features by ~47% of their norm: benchmarks/encoder_drift.py), and that run never learned to drive. A
-frozen encoder (`--encoder-fraction 0`) keeps every stored activation exact, but a random one carries too little
-(135.1 argmax at 250k frames). Trained to reconstruct its own input, it keeps what the frames hold, and no byte
-crosses the WAN for it: the edge plays its own env copy, then `splitrl up --encoder-init FILE` starts from it.
+learner's gradients move no longer produces them (on CarRacing one Adam step moves a narrow encoder's
+features by a large fraction of their norm), and such a run does not learn to drive. A frozen encoder
+(`--encoder-fraction 0`) keeps every stored activation exact, but a random one carries too little. Trained to
+reconstruct its own input, it keeps what the frames hold, and no byte crosses the WAN for it: the edge plays its
+own env copy, then `splitrl up --encoder-init FILE` starts from it.
 
 Invariants: the Decoder mirrors the Encoder's conv stack layer for layer, so it reconstructs stacks of exactly
 the encoder's input shape for any frame size the encoder takes; the file holds the encoder's weights with the

@@ -19,9 +19,8 @@ learner (`learner_link`), which trains the encoder through it. What an env's
 step waits for (encoder forwards, video encoding) runs on the acting thread,
 training steps on the training thread: a step waits at most for an optimizer
 step or a lookup in the store (EncoderTrainer's lock), not for a whole training
-step. CarRacing split-accumulate's edge-encode hop went from 4.7-5.4 to 2.4-2.7
-ms mean, ~40 to 13-15 ms at p99; throughput on 2 cores stayed the same
-(docs/throughput, session 37).
+step, which keeps the edge-encode hop's latency, and its tail, to the acting
+work alone.
 """
 
 from __future__ import annotations

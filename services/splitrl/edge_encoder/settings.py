@@ -34,7 +34,7 @@ class EncoderTrainingSettings(Settings):
         "backward passes (and `splitrl eval`'s replay of it). bfloat16: convolutions and matrix products in "
         "bfloat16 under torch's CPU autocast; the activations sent to the codec, the weights, their gradients "
         "and Adam's state are float32. On a CPU with native bfloat16 (AVX512-BF16 or AMX) a CarRacing training "
-        "step of 64 rows is ~1.9x as fast and acting 0.9-1.1x (docs/throughput/edge-bf16/); on one without, "
+        "step is faster and acting about the same; on one without, "
         "slower than float32 (the edge logs a warning). Cloud mode has no edge encoder.",
     )
     encoder_init: Path | None = Field(

@@ -51,9 +51,9 @@ MAX_PENDING = 4
 
 #: Training passes run on a multiple of this many rows. oneDNN, torch's CPU convolution, builds and keeps a
 #: kernel per layer, direction and batch size (its primitive cache holds up to 1,024), and the rows of a training
-#: request vary: in split-accumulate, the rows of one learner minibatch that came from this edge's stream. 64
-#: Catch envs trained at every size from 1 to 32 rows, 563 kernels for ~14 MiB more of the edge's resident
-#: memory than padding to 8 rows gives (8, 16, 24, 32: 4 sizes), for up to 7 zero rows more per pass, in its
+#: request vary: in split-accumulate, the rows of one learner minibatch that came from this edge's stream. Every
+#: size from 1 to 32 rows builds hundreds of kernels, megabytes of the edge's resident memory more than padding
+#: to 8 rows gives (8, 16, 24, 32: 4 sizes), for up to 7 zero rows more per pass, in its
 #: compute and, in split, in each kept graph (MAX_PENDING). rows_to_run says the size; passes in pieces of
 #: --encoder-rows-per-pass N run at most N rows.
 TRAINING_ROWS_MULTIPLE = 8
@@ -287,8 +287,8 @@ def backward_through(activations: torch.Tensor, gradients: torch.Tensor) -> None
 
     The same parameter gradients as activations.backward(gradients): the sum's gradient is 1 and the product's
     is then `gradients`, exactly. Passing gradients to backward() instead makes torch.autograd import
-    torch.fx's symbolic shapes, and sympy with them, to check their shape (docs/throughput/carracing-edge-memory/
-    lean-adam.md); the product would broadcast a wrong shape instead, so it is checked here."""
+    torch.fx's symbolic shapes, and sympy with them, to check their shape (tens of MB on the edge); the product
+    would broadcast a wrong shape instead, so it is checked here."""
     if gradients.shape != activations.shape:
         raise ValueError(f"gradients of shape {list(gradients.shape)} for activations {list(activations.shape)}")
     (activations * gradients).sum().backward()

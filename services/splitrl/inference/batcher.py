@@ -5,9 +5,9 @@ time; the next takes every request queued meanwhile, up to `max_batch_size`
 rows. With `max_wait_s` 0 (the default) that is all: a batch runs as soon as
 the policy is free. With more, a batch also waits up to `max_wait_s` after its
 first request for more streams to join, unless every open stream is in (waiting
-longer could not make it bigger). On 2 cores the wait only delayed acting:
-streams in env groups (environment --env-groups) come in turn, each while the
-others step their envs (docs/throughput, session 36).
+longer could not make it bigger). Waiting rarely pays: streams in env groups
+(environment --env-groups) come in turn, each while the others step their envs,
+so a wait mostly delays acting.
 
 Memory is bounded: at most `max_queued` requests wait in the queue, and one more
 taken from it but left for the next batch (it would have gone over

@@ -76,8 +76,8 @@ class InferenceService(rollout_pb2_grpc.InferenceServicer, weights_pb2_grpc.Poli
         self._decoding = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="video") if self.stream_kind == "video" else None
         )
-        # So do the learner's weights: metering, decoding and checking CarRacing's 8.7 MB took 12-23 ms an update,
-        # which on the loop held every Act stream's answer that long.
+        # So do the learner's weights: metering, decoding and checking CarRacing's megabytes takes milliseconds
+        # an update, which on the loop would hold every Act stream's answer that long.
         self._weights_decoding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="weights")
         self.batcher = Batcher(
             self.policy.act,

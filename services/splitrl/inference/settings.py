@@ -45,7 +45,7 @@ class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings,
     acting_runtime: ActingRuntime = Field(
         "onnxruntime",
         description="What runs the policy's forward pass when acting: 'onnxruntime' (the same outputs within float32 "
-        "rounding; on CarRacing's 4-row batches ~half torch's CPU, a session built per weights version off the "
+        "rounding; on CarRacing's few-row batches far less CPU than torch, a session built per weights version off the "
         "acting thread) or 'torch' (its eager kernels, as the learner trains). Either uses --torch-threads threads.",
     )
     max_batch_size: int = Field(256, ge=1, le=65536, description="Most env rows in one policy batch.")

@@ -1,7 +1,6 @@
 """What a learner trains and what steps it: the network in its training layout, and the fused Adam.
 
-Shared by the learner service, the bench's sync-ppo baseline and benchmarks/learner_step.py, so that each
-trains with the same kernels.
+Shared by the learner service and the bench's sync-ppo baseline, so that both train with the same kernels.
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ from splitrl.learner.settings import LearnerSettings
 
 class FusedAdam(torch.optim.Adam):
     """The learner's optimizer: torch.optim.Adam (eps 1e-5, CleanRL's) run fused, one kernel over every parameter
-    per step instead of about ten passes over each tensor. Same update up to rounding; one step of the CarRacing
-    cloud network (2.2M parameters, one thread) took ~1 ms instead of ~4.5 (benchmarks/learner_step.py).
+    per step instead of about ten passes over each tensor. Same update up to rounding, several times faster.
 
     Invariant: every step runs fused, also after `load_state_dict` of a state saved unfused (a checkpoint from
     before this class, or torch.optim.Adam's), whose groups would otherwise switch it back."""
@@ -42,9 +40,8 @@ def learner_network(settings: LearnerSettings) -> nn.Module:
 
 def to_training_layout(network: nn.Module) -> nn.Module:
     """`network`, its convolution weights moved to channels-last layout in place (a no-op for the split modes'
-    head, which has none). oneDNN's kernels for it made a minibatch step of the CarRacing network (width 4,096,
-    128 rows, one thread) 20-24% faster here (128 against 160-169 ms), and models.Encoder then reorders its frames
-    to match while they are uint8. Checkpoints and weights sent to inference are the same numbers in either
-    layout. Acting on a few rows runs no slower in it (8 CarRacing rows: 1.94 against 1.93 ms)."""
+    head, which has none). oneDNN's kernels for it make a minibatch step of the CarRacing network faster, and
+    models.Encoder then reorders its frames to match while they are uint8. Checkpoints and weights sent to
+    inference are the same numbers in either layout. Acting on a few rows runs no slower in it."""
     network.to(memory_format=torch.channels_last)  # type: ignore[call-overload]  # documented; not in the stubs
     return network

@@ -66,7 +66,7 @@ class PPOSettings(Settings):
         description="Number format of the learner's forward and backward passes. bfloat16: convolutions and "
         "matrix products in bfloat16 under torch's CPU autocast, the policy's and value's output layers, the "
         "weights, their gradients and Adam's state in float32. On a CPU with native bfloat16 (AVX512-BF16 or "
-        "AMX) a CarRacing minibatch step is ~1.5x as fast (docs/throughput/carracing-bf16/); on one without, "
+        "AMX) a CarRacing minibatch step is faster; on one without, "
         "it is slower than float32 (the learner logs a warning).",
     )
     correction: Literal["gae", "vtrace"] = Field(

@@ -105,9 +105,8 @@ class Trainer:
         default_share = ACCUMULATE_ENCODER_FRACTION if settings.mode == "split-accumulate" else 1.0
         self.encoder_rows = default_share if settings.encoder_fraction is None else settings.encoder_fraction
         precision.warn_if_emulated(settings.train_precision, "train_precision", "the learner's", log)
-        # A minibatch's inputs and activations (CarRacing: 19 and 9 MB) come back from the heap at every step
-        # instead of from fresh mappings that fault every page in: a float32 step of the CarRacing network took
-        # ~70 instead of ~84 ms, bfloat16 ~43 instead of ~57 (benchmarks/learner_step.py). Process-wide, once.
+        # A minibatch's inputs and activations (CarRacing: megabytes each) come back from the heap at every step
+        # instead of from fresh mappings that fault every page in. Process-wide, once.
         reuse_freed_blocks()
 
     def update(self, batch: Batch, *, version: int) -> UpdateStats:
@@ -274,8 +273,8 @@ class Trainer:
 
         How many: count x encoder_rows, rounded down or up at random with the odds that make it exact on
         average. So the edge trains on minibatches of one or two sizes, and builds its kernels and heap blocks
-        for those once; a coin flip per row (before session 25) gave ~28 sizes at 64 of 128 rows, and in a
-        standalone encoder loop ~15 MB more resident memory."""
+        for those once (a coin flip per row would give dozens of sizes, each with kernels and blocks of its
+        own)."""
         if self.encoder_rows >= 1:
             return torch.ones(count, dtype=torch.bool)
         expected = count * self.encoder_rows

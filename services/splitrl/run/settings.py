@@ -51,8 +51,8 @@ class RunSettings(
         ge=0,
         le=19,
         description="CPU niceness of the learner processes (0-19; 0: as the others). Above 0, on a machine the "
-        "services share, acting (environment, edge, inference) gets a core first and training the rest: on 2 "
-        "cores, 10 made cloud mode's CarRacing ~5% faster and split-accumulate's ~2% slower (docs/throughput).",
+        "services share, acting (environment, edge, inference) gets a core first and training the rest; whether "
+        "that is faster depends on the mode (measure it with splitrl bench throughput).",
     )
     replay_max_size: int | None = Field(
         None,

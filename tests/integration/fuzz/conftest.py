@@ -1,4 +1,4 @@
-"""Fuzzing every RPC's request path against real servers (issue 6): the servers, and how a call is judged.
+"""Fuzzing every RPC's request path against real servers: the servers, and how a call is judged.
 
 Every fuzzed call must end OK or with a client-error status carrying a message, never UNKNOWN / INTERNAL /
 UNAVAILABLE, and the server must still answer a well-formed request afterwards (`fuzz_once`). The servers
@@ -92,7 +92,7 @@ async def hosts():
             LearnerSettings(**shared, mode="split", replay_address="127.0.0.1:1", inference_address="127.0.0.1:1"),
         )
         # Nothing may import on a server's thread while hypothesis runs: describing a lambda strategy iterates
-        # sys.modules unguarded ("dictionary changed size during iteration", a CI failure on 2026-11-27). The
+        # sys.modules unguarded ("dictionary changed size during iteration", seen in CI). The
         # learner builds its trainer on its training thread (torch.optim imports torch._dynamo, ~800 modules),
         # and the video inference imports PyAV at its first packet, so both happen here first.
         await asyncio.wait_for(started["learner"].service.ready(), 120)

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for structurally arbitrary requests (issue 6).
+"""Hypothesis strategies for structurally arbitrary requests.
 
 Any dtype code, any shape, any bytes, NaN / Inf, sequences and step ids up to 2**64 - 1, unknown tables, and
 streams of several messages; near misses (a well-encoded tensor or H.264 batch with one thing broken) beside
