@@ -45,6 +45,8 @@ POISON = {
     "absurd value": (chunk(values=torch.full((4,), 1e12)), "values holds |1e+12|"),
     "a probability above 1": (chunk(behaviour_log_probs=torch.full((3,), 0.5)), "not a discrete probability"),
     "NaN log-probability": (chunk(behaviour_log_probs=torch.full((3,), float("nan"))), "log_probs holds NaN"),
+    # exp(new - old) of PPO's ratio would overflow float32 and lose every step that reads it
+    "a log-probability no sampled action has": (chunk(behaviour_log_probs=torch.full((3,), -100.0)), "|100|"),
     "negative version": (chunk(policy_versions=torch.tensor([0, -5, 0])), "policy_versions holds negative"),
     "observations of another shape": (
         chunk_of(torch.zeros(4, FEATURES + 1, dtype=torch.uint8)).to_proto(),
@@ -104,3 +106,32 @@ def test_settings_take_the_action_space_and_shape_as_json_and_name_a_bad_one():
     assert limits.observation_shape == (4, 96, 96)
     with pytest.raises(ValueError, match="action_space must be JSON"):
         ReplaySettings.model_validate({"tls": "plaintext", "action_space": "{discrete"})
+
+
+async def test_a_chunk_replay_refuses_is_dropped_and_the_writer_goes_on():
+    """Replay reads a writer's chunks in order: one it refuses, sent again, would be refused again and hold back
+    every chunk after it. Inference's writer drops that one (counted, logged) and delivers the rest."""
+    from splitrl.core.config import TransportSettings
+    from splitrl.inference.replay_writer import ReplayWriter
+
+    settings = ReplaySettings(tls="plaintext", action_space=ActionSpec("discrete", 3))
+    replay_metrics = Metrics(CollectorRegistry())
+    host = await ServiceHost.start(ReplayService(settings, replay_metrics), settings, replay_metrics)
+    metrics = Metrics(CollectorRegistry())
+    writer = ReplayWriter(f"127.0.0.1:{host.grpc_port}", "rollouts", metrics, 8, TransportSettings(tls="plaintext"))
+    task = asyncio.create_task(writer.run())
+    try:
+        await writer.put(chunk())
+        await writer.put(chunk(actions=torch.tensor([0, 9, 1])))
+        await writer.put(chunk())
+        assert await writer.flush(timeout_s=20)
+        assert not task.done(), "the writer stopped"
+        assert writer.acknowledged == 2
+        text = generate_latest(metrics.registry).decode()
+        dropped = scrape.samples(text)
+        assert [v for n, labels, v in dropped if n == "splitrl_trajectory_chunks_dropped_total"] == [1.0]
+        assert scrape.total([generate_latest(replay_metrics.registry).decode()], "splitrl_replay_inserts_total") == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await host.stop()

@@ -204,6 +204,38 @@ def test_claims_keep_each_name_with_its_first_identity():
     claims.claim(8, two)
 
 
+def test_a_bare_name_revokes_an_edge_device_and_never_a_cloud_service(tmp_path):
+    deny_list = tmp_path / "denied.txt"
+    deny_list.write_text("learner\ndev-7\n")
+    denied = authz.DenyList(deny_list)
+    assert denied.denies(authz.Identity("edge-encoder", "learner")) and denied.denies(
+        authz.Identity("environment", "dev-7")
+    )
+    assert not denied.denies(authz.Identity("learner", "learner"))
+    deny_list.write_text("spiffe://splitrl/learner/learner\n")  # a cloud service only by its full identity
+    assert denied.reload() and denied.denies(authz.Identity("learner", "learner"))
+
+
+def test_claims_release_an_identitys_oldest_names_beyond_its_share():
+    claims = authz.Claims("step-id prefix", per_identity=2)
+    one, two = authz.Identity("edge-encoder", "dev1"), authz.Identity("edge-encoder", "dev2")
+    for prefix in (1, 2, 3):  # three restarts of one edge: its first prefix is released
+        claims.claim(prefix, one)
+    claims.claim(1, two)
+    with pytest.raises(authz.PermissionDenied):
+        claims.claim(3, two)
+
+
+def test_edge_certificates_answer_to_no_cloud_name(tmp_path):
+    from cryptography import x509
+
+    pki = certs.generate(tmp_path, ["inference"], extra_names=["cloud.example.com"], edges=["dev1"])
+    for holder, cloud in (("inference", True), ("edge-encoder-dev1", False), ("environment-dev1", False)):
+        cert = x509.load_pem_x509_certificate(pki.pairs[holder][0].read_bytes())
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert ("cloud.example.com" in names.get_values_for_type(x509.DNSName)) == cloud, holder
+
+
 def test_identities_are_read_only_from_splitrl_spiffe_ids():
     assert authz.Identity.parse("spiffe://splitrl/edge-encoder/dev-7") == authz.Identity("edge-encoder", "dev-7")
     for uri in ("spiffe://other/learner/x", "spiffe://splitrl/admin/x", "spiffe://splitrl/learner/", "learner/x"):
@@ -212,6 +244,9 @@ def test_identities_are_read_only_from_splitrl_spiffe_ids():
     assert authz.role_of("inference-3") == "inference" and authz.role_of("edge-encoder") == "edge-encoder"
     with pytest.raises(ValueError, match="HOST=ROLE"):
         authz.role_of("gateway")
+    for unlistable in ("dev#2", " dev3", "dev 4", ""):  # names a deny-list line could not hold
+        with pytest.raises(ValueError, match="instance name"):
+            authz.Identity("edge-encoder", unlistable)
 
 
 async def start_replay(pki: certs.Pki, **settings) -> ServiceHost:

@@ -27,3 +27,13 @@ def test_an_older_version_is_refused_and_changes_nothing_and_the_same_one_again_
     # a learner resumed from its checkpoint re-publishes its version
     policy.load(policy.prepare(shifted(policy, 1.0)), version=3)
     assert policy.version == 3
+
+
+def test_weights_whose_samples_are_infinite_are_refused_before_acting():
+    """A Gaussian takes an infinite scale without complaint: exp(log_std) of a finite, in-bound log_std of 100
+    overflows, and every action sampled would be +-inf (the environment, replay and learner downstream)."""
+    policy = Policy("split", MODEL, ActionSpec("continuous", 3, (-1.0,) * 3, (1.0,) * 3), seed=0, runtime="torch")
+    state = policy.network.state_dict()
+    policy.check_outputs(state)
+    with pytest.raises(BadRequest, match="non-finite actions"):
+        policy.check_outputs({**state, "log_std": torch.full((3,), 100.0)})

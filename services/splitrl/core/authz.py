@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 TRUST_DOMAIN = "splitrl"
 #: The kinds of holder a certificate can name, one per service.
 ROLES = ("environment", "edge-encoder", "inference", "replay", "learner")
+#: The roles an edge device's processes hold: a deny list's bare name revokes these.
+EDGE_ROLES = frozenset({"environment", "edge-encoder"})
+#: An instance name: what a deny list can name on a line of its own (no spaces, no '#', no '/').
+INSTANCE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 #: Who may call each method, by gRPC method path. Each caller is the service that dials that link in the
 #: design (docs/design.md, links): environments roll out on their edge-encoder, edge-encoders act and train
@@ -62,8 +67,8 @@ class Identity:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"unknown role {self.role!r}; roles are {', '.join(ROLES)}")
-        if not self.instance or "/" in self.instance or not self.instance.isprintable():
-            raise ValueError(f"an instance name is non-empty and has no '/', got {self.instance!r}")
+        if not INSTANCE_NAME.fullmatch(self.instance):
+            raise ValueError(f"an instance name is letters, digits, '.', '_' and '-', got {self.instance!r}")
 
     @property
     def uri(self) -> str:
@@ -111,35 +116,31 @@ class DenyList:
     """Identities refused from now on, read from a text file re-read while the service runs.
 
     One entry a line: a SPIFFE ID (`spiffe://splitrl/edge-encoder/dev-7`, that certificate's holder) or a
-    bare instance name (`dev-7`: every role of that edge device); `#` starts a comment. A file that cannot
-    be read keeps the entries read last (a revocation is never undone by a failed read) and is logged.
+    bare instance name (`dev-7`: both roles of that edge device, EDGE_ROLES); `#` starts a comment. A file
+    that cannot be read keeps the entries read last (a revocation is never undone by a failed read) and is
+    logged. The file is read whole at every reload (it is a few lines): no edit is missed for keeping its
+    size and modification time.
     """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self.entries: frozenset[str] = frozenset()
-        self._stamp: tuple[int, int] | None = None
         if path is not None and not path.is_file():
             raise ValueError(f"--deny-list-file {path}: no such file (create it empty to deny nobody)")
         self.reload()
 
     def denies(self, identity: Identity) -> bool:
-        return identity.uri in self.entries or identity.instance in self.entries
+        return identity.uri in self.entries or (identity.role in EDGE_ROLES and identity.instance in self.entries)
 
     def reload(self) -> bool:
-        """Re-read the file if it changed; whether the entries changed."""
+        """Re-read the file; whether the entries changed."""
         if self.path is None:
             return False
         try:
-            stat = self.path.stat()
-            stamp = (stat.st_mtime_ns, stat.st_size)
-            if stamp == self._stamp:
-                return False
             text = self.path.read_text()
         except (OSError, UnicodeDecodeError) as error:
             log.error("deny list %s unreadable, keeping its %d entries: %s", self.path, len(self.entries), error)
             return False
-        self._stamp = stamp
         entries = frozenset(line.split("#", 1)[0].strip() for line in text.splitlines()) - {""}
         changed = entries != self.entries
         if changed:
@@ -152,13 +153,15 @@ class Claims:
     """Which identity owns each name (an edge's step-id prefix): the first identity to use a name owns it, and
     any other identity using it is refused. So an edge cannot speak for another, even with a name it guessed.
 
-    Without an identity (no mutual TLS) nothing is claimed or checked. Names are never released: an edge that
-    restarts draws a new prefix, and its old one stays its own (one entry per edge process, a few dozen bytes).
+    Without an identity (no mutual TLS) nothing is claimed or checked. An identity keeps its newest
+    `per_identity` names (an edge draws a new prefix at every restart): claiming more releases its oldest, so
+    no identity can take the name space from the others.
     """
 
-    def __init__(self, what: str) -> None:
-        self.what = what
+    def __init__(self, what: str, per_identity: int = 64) -> None:
+        self.what, self.per_identity = what, per_identity
         self._owners: dict[int, Identity] = {}
+        self._claimed: dict[Identity, list[int]] = {}
 
     def claim(self, name: int, identity: Identity | None) -> None:
         """Note `identity` as the owner of `name`, or raise PermissionDenied if another identity owns it."""
@@ -167,6 +170,12 @@ class Claims:
         owner = self._owners.setdefault(name, identity)
         if owner != identity:
             raise PermissionDenied(f"{self.what} {name} belongs to {owner}; {identity} may not use it")
+        names = self._claimed.setdefault(identity, [])
+        if name in names:
+            return
+        names.append(name)
+        if len(names) > self.per_identity:
+            del self._owners[names.pop(0)]
 
 
 def deny_list_for(path: Path | None, mode: str) -> DenyList | None:

@@ -72,6 +72,9 @@ class _Holder:
     stem: str
     identity: Identity
     names: tuple[str, ...]
+    #: Takes the extra names (the cloud's external name): an edge device's certificate never answers to them,
+    #: so a stolen one cannot stand in for the cloud towards other edges.
+    cloud: bool
 
 
 def _holders(hosts: Sequence[str], edges: Sequence[str], dns_suffixes: Sequence[str]) -> list[_Holder]:
@@ -81,19 +84,27 @@ def _holders(hosts: Sequence[str], edges: Sequence[str], dns_suffixes: Sequence[
         name, _, role = host.partition("=")
         identity = Identity(role or role_of(name), name)
         names = (name, *(f"{name}.{s}" for s in dns_suffixes), *(f"*.{name}.{s}" for s in dns_suffixes))
-        holders.append(_Holder(name, identity, names))
+        holders.append(_Holder(name, identity, names, cloud=True))
     for edge in edges:
         for role in ("edge-encoder", "environment"):
             # The edge-encoder serves its environment by the service's own name (compose, the edge pod).
-            holders.append(_Holder(f"{role}-{edge}", Identity(role, edge), (role, f"{role}-{edge}")))
+            holders.append(_Holder(f"{role}-{edge}", Identity(role, edge), (role, f"{role}-{edge}"), cloud=False))
     return holders
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # owner-only from the first byte
+    _replace(path, pem, 0o600)  # owner-only from the first byte
+
+
+def _replace(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` to `path` whole or not at all (a temporary file renamed over it): a service re-reading a
+    renewed file never sees half of it."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     with os.fdopen(fd, "wb") as file:
-        file.write(pem)
+        file.write(data)
+    temporary.replace(path)
 
 
 def generate(
@@ -139,7 +150,10 @@ def generate(
             .not_valid_after(min(not_after, ca_cert.not_valid_after_utc))
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(
-                _subject_alt_names([*holder.names, *extra_names, *LOOPBACK_NAMES], holder.identity), critical=False
+                _subject_alt_names(
+                    [*holder.names, *(extra_names if holder.cloud else ()), *LOOPBACK_NAMES], holder.identity
+                ),
+                critical=False,
             )
             .add_extension(
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
@@ -148,8 +162,8 @@ def generate(
             .sign(ca_key, hashes.SHA256())
         )
         pair = (out / f"{holder.stem}.pem", out / f"{holder.stem}-key.pem")
-        pair[0].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(pair[1], key)
+        _write_key(pair[1], key)  # the key first: a running server re-reads the pair once the certificate changes
+        _replace(pair[0], cert.public_bytes(serialization.Encoding.PEM), 0o644)
         pki.pairs[holder.stem] = pair
     return pki
 
@@ -170,7 +184,7 @@ def _new_ca(
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    pki.ca.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    _replace(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write_key(pki.ca_key, ca_key)
     return ca_cert, ca_key
 

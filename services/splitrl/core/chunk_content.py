@@ -18,9 +18,9 @@ from splitrl.core.rpc import BadRequest
 from splitrl.core.spec import ActionSpec
 from splitrl.v1 import replay_pb2
 
-#: |log pi(a|s)| above this cannot come from a policy that acted: a discrete action that likely has
-#: probability e**-1000, and a continuous density that large needs a standard deviation below e**-100.
-MAX_ABS_LOG_PROB = 1e3
+#: |log pi(a|s)| above this is refused: an action of probability e**-80 is never sampled, and PPO's ratio
+#: exp(new - old) must stay finite in float32 (exp overflows past ~88), or every step that reads it is lost.
+MAX_ABS_LOG_PROB = 80.0
 #: Continuous actions are the policy's raw samples (the environment clips them), so they may leave the box by a
 #: few standard deviations, never by orders of magnitude.
 ACTION_SLACK = 100.0

@@ -135,6 +135,18 @@ class SeedSettings(Settings):
 TlsMode = Literal["mtls", "tls", "plaintext"]
 
 
+class RewardSettings(Settings):
+    """How large a reward a run can produce: inference refuses an edge that reports more, replay a chunk that
+    holds more. Every service of a run must agree on it."""
+
+    max_abs_reward: float = Field(
+        1e6,
+        gt=0,
+        description="Largest |reward| of one agent step (summed over its action repeat); beyond it an edge's "
+        "step, or a chunk that holds one, is refused. Raise it for an env whose rewards are that large.",
+    )
+
+
 class TransportSettings(Settings):
     """How this process protects its gRPC links, as server and as client (the same certificate serves both).
 

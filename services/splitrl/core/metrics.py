@@ -228,9 +228,9 @@ class Metrics:
         self.trajectories = Counter("splitrl_trajectories", "Trajectory chunks completed by inference.", registry=None)
         self.trajectory_chunks_dropped = Counter(
             "splitrl_trajectory_chunks_dropped",
-            "Per-env trajectory chunks inference abandoned unfinished because their Act stream ended (reason: "
-            "reconnect; the edge's next stream starts new chunks, so no chunk spans the gap). A stream the edge "
-            "closed at the end of a run counts too: inference cannot tell it from a broken one.",
+            "Trajectory chunks inference dropped, by reason: reconnect (per-env chunks left unfinished when their "
+            "Act stream ended; the edge's next stream starts new chunks, so no chunk spans the gap; a stream closed "
+            "at the end of a run counts too), refused by replay (content replay's checks refused).",
             ["reason"],
             registry=None,
         )

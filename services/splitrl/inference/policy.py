@@ -109,19 +109,24 @@ class Policy:
         return {name: value.clone() for name, value in self.network.state_dict().items()}, self.version
 
     def check_outputs(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """BadRequest unless `state_dict` gives finite action parameters and values on the probe inputs (blank
-        and saturated observations): finite weights can still overflow float32 on the way through the layers,
-        and acting with them would fail every request. Call it from the weights thread, beside `act`."""
+        """BadRequest unless `state_dict` gives a valid action distribution, finite values, and finite sampled
+        actions and log-probabilities on the probe inputs (blank and saturated observations): finite weights can
+        still overflow float32 on the way through the layers, and acting with them would fail every request or
+        poison every chunk. Call it from the weights thread, beside `act`."""
         self._probe_network.load_state_dict(state_dict)
         try:
             with torch.no_grad():
-                _, values = self._probe_network(self._probe_inputs)
+                distribution, values = self._probe_network(self._probe_inputs)
+                # A Gaussian accepts an infinite scale: its samples and their log-probabilities show it.
+                actions = distribution.sample()
+                outputs = {"values": values, "actions": actions, "log-probabilities": distribution.log_prob(actions)}
         except ValueError as error:  # torch's distributions refuse non-finite parameters as they are made
             raise BadRequest(
-                f"these weights give an invalid action distribution on probe observations: {error}"
+                f"these weights give no valid action distribution on probe observations: {error}"
             ) from None
-        if not bool(torch.isfinite(values).all()):
-            raise BadRequest("these weights give non-finite values on probe observations")
+        for name, output in outputs.items():
+            if not bool(torch.isfinite(output).all()):
+                raise BadRequest(f"these weights give non-finite {name} on probe observations")
 
     def load(self, weights: PreparedWeights, version: int, *, rewind: bool = False) -> None:
         """Swap in new weights; later batches act with them as `version`. A version older than the current one is

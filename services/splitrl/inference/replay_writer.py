@@ -98,7 +98,31 @@ class ReplayWriter:
                     error: BaseException = ConnectionError("replay ended the stream")
                 except FAILURES as failure:
                     error = failure
+                if isinstance(error, grpc.aio.AioRpcError) and error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    self._drop_refused(error)
+                    continue
                 await self._redial.lost(error, f"replay stream ({len(self._unacked)} chunks to re-send)")
+
+    def _drop_refused(self, refusal: grpc.aio.AioRpcError) -> None:
+        """Replay refused the oldest unacknowledged chunk (it reads them in order): sent again it would be
+        refused again, and hold every later chunk back. It is dropped, counted and logged; the rest go on.
+
+        Replay never stored it, nor any chunk after it (the refusal ended the stream there), and it expects each
+        writer's sequences without gaps: the later chunks take one sequence less."""
+        if not self._unacked:
+            return
+        sequence, _ = self._unacked.popitem(last=False)
+        later = list(self._unacked.values())
+        self._unacked.clear()
+        for request, queued_at in later:
+            request.sequence -= 1
+            self._unacked[request.sequence] = (request, queued_at)
+        self._next_sequence -= 1
+        self._metrics.trajectory_chunks_dropped.labels(reason="refused by replay").inc()
+        log.error("replay refused chunk %d, dropped: %s", sequence, refusal.details())
+        self._slots.release()
+        if not self._unacked:
+            self._idle.set()
 
     async def _stream(self, stub: replay_pb2_grpc.ReplayStub) -> None:
         # Re-send, in order, whatever the previous stream did not get acknowledged.

@@ -9,6 +9,7 @@ from splitrl.core.config import (
     AddressList,
     EnvSettings,
     ModeSettings,
+    RewardSettings,
     SeedSettings,
     ServerSettings,
     Settings,
@@ -26,7 +27,9 @@ class ChunkSettings(Settings):
     unroll_length: int = Field(32, ge=1, le=4096, description="Steps per trajectory chunk written to replay.")
 
 
-class InferenceSettings(ServerSettings, EnvSettings, ModeSettings, SeedSettings, ChunkSettings, RedialSettings):
+class InferenceSettings(
+    ServerSettings, EnvSettings, ModeSettings, SeedSettings, ChunkSettings, RedialSettings, RewardSettings
+):
     """Settings of `splitrl serve inference`. `mode` decides which streams it accepts; in cloud mode `codec`
     is what edges send (h264 streams are decoded per env)."""
 

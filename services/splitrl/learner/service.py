@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -77,8 +78,9 @@ class LearnerService(LoopService):
         self._network = learner_network(settings)
         head = self._network.head if isinstance(self._network, ActorCritic) else self._network
         assert isinstance(head, ActorCriticHead), type(head)
-        #: What a chunk of this run may hold: one that no run makes would crash or poison an update.
-        self.limits = ChunkLimits(head.action_spec)
+        #: What a chunk of this run may hold: one that no run makes would crash or poison an update. The action
+        #: space and finiteness only: the bounds on magnitudes are replay's to set (--max-abs-reward).
+        self.limits = ChunkLimits(head.action_spec, max_abs_reward=math.inf, max_abs_value=math.inf)
         #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
         #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
         #: from serving. `run` awaits it before its first update; `ready()` lets others await it.

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from splitrl.core.chunk_content import ChunkLimits
-from splitrl.core.config import ServerSettings, Settings
+from splitrl.core.config import RewardSettings, ServerSettings, Settings
 from splitrl.core.spec import ActionSpec
 from splitrl.replay.rate_limiter import RateLimiter
 from splitrl.replay.selectors import SelectorName
@@ -97,7 +97,7 @@ class TableSettings(TableOptions):
     name: str = Field(min_length=1, description="Table name.")
 
 
-class ReplaySettings(ServerSettings, TableOptions):
+class ReplaySettings(ServerSettings, TableOptions, RewardSettings):
     """Settings of `splitrl serve replay`. The flat table fields configure the primary table, `table`."""
 
     table: str = Field("rollouts", min_length=1, description="Name of the primary table (inference writes to it).")
@@ -135,9 +135,6 @@ class ReplaySettings(ServerSettings, TableOptions):
         None,
         description="One step's observation shape as JSON, e.g. [4, 96, 96] (cloud frame stacks) or [64] "
         "(split activations): inserts of another shape are refused. Unset: any. Set from the run like action_space.",
-    )
-    max_abs_reward: float = Field(
-        1e6, gt=0, description="An insert with a |reward| above this (one agent step's, repeats summed) is refused."
     )
     max_abs_value: float = Field(1e9, gt=0, description="An insert with a |value estimate| above this is refused.")
     dedup_window: int = Field(

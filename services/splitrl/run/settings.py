@@ -16,6 +16,7 @@ from splitrl.core.config import (
     CommaList,
     EnvSettings,
     ModeSettings,
+    RewardSettings,
     SeedSettings,
     Settings,
     TlsMode,
@@ -37,6 +38,7 @@ class RunSettings(
     PPOSettings,
     VideoSettings,
     EncoderTrainingSettings,
+    RewardSettings,
 ):
     """Train locally: start all services as processes on loopback, run STEPS env steps, write a run summary."""
 
