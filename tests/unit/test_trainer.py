@@ -430,8 +430,8 @@ def test_the_learner_never_writes_a_checkpoint_of_non_finite_weights(tmp_path):
 
 
 async def test_the_learner_refuses_a_sampled_chunk_no_run_makes_and_trains_on_the_rest():
-    """Replay started without the run's spec stores any action index: the learner, which knows its action space,
-    drops such a chunk (counted) instead of crashing on it."""
+    """Replay started without the run's spec stores any action index and observation shape: the learner, which
+    knows both, drops such a chunk (counted) instead of crashing on it."""
     from types import SimpleNamespace
 
     from prometheus_client import CollectorRegistry
@@ -448,7 +448,8 @@ async def test_the_learner_refuses_a_sampled_chunk_no_run_makes_and_trains_on_th
         chunk_of(torch.zeros(3, WIDTH, dtype=torch.bfloat16)),
     )
     bad.actions = torch.tensor([0, 7])
-    items = [SimpleNamespace(key=key, trajectory=chunk.to_proto()) for key, chunk in enumerate((bad, good))]
+    wide = chunk_of(torch.zeros(3, WIDTH + 1, dtype=torch.bfloat16))  # would break the batch's stacking
+    items = [SimpleNamespace(key=key, trajectory=chunk.to_proto()) for key, chunk in enumerate((bad, wide, good))]
 
     class Replay:
         async def sample(self, count):
@@ -456,4 +457,4 @@ async def test_the_learner_refuses_a_sampled_chunk_no_run_makes_and_trains_on_th
 
     chunks, _ = await service._collect(Replay(), 1)
     assert len(chunks) == 1 and torch.equal(chunks[0].actions, good.actions)
-    assert metrics.refused_chunks._value.get() == 1
+    assert metrics.refused_chunks._value.get() == 2

@@ -15,7 +15,7 @@ import numpy as np
 
 from splitrl.core import wire
 from splitrl.core.rpc import BadRequest
-from splitrl.core.spec import ActionSpec
+from splitrl.core.spec import ActionSpec, ModelConfig
 from splitrl.v1 import replay_pb2
 
 #: |log pi(a|s)| above this is refused: an action of probability e**-80 is never sampled, and PPO's ratio
@@ -24,6 +24,12 @@ MAX_ABS_LOG_PROB = 80.0
 #: Continuous actions are the policy's raw samples (the environment clips them), so they may leave the box by a
 #: few standard deviations, never by orders of magnitude.
 ACTION_SLACK = 100.0
+
+
+def stored_observation_shape(cloud: bool, model: ModelConfig) -> tuple[int, ...]:
+    """One step's observation as a chunk stores it: a frame stack (D, H, W) where the cloud runs the encoder
+    (cloud mode), the encoder's activations (width,) where the edge does (the split modes)."""
+    return (model.frame_stack, model.frame_size, model.frame_size) if cloud else (model.width,)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 
 from splitrl.core import checkpoint, trajectory, weights
 from splitrl.core.backoff import Backoff
-from splitrl.core.chunk_content import ChunkLimits
+from splitrl.core.chunk_content import ChunkLimits, stored_observation_shape
 from splitrl.core.metrics import Metrics
 from splitrl.core.models import ActorCritic, ActorCriticHead
 from splitrl.core.rpc import BadRequest
@@ -79,8 +79,9 @@ class LearnerService(LoopService):
         head = self._network.head if isinstance(self._network, ActorCritic) else self._network
         assert isinstance(head, ActorCriticHead), type(head)
         #: What a chunk of this run may hold: one that no run makes would crash or poison an update. The action
-        #: space and finiteness only: the bounds on magnitudes are replay's to set (--max-abs-reward).
-        self.limits = ChunkLimits(head.action_spec, max_abs_reward=math.inf, max_abs_value=math.inf)
+        #: space, the observations' shape and finiteness: the bounds on magnitudes are replay's to set.
+        shape = stored_observation_shape(settings.mode == "cloud", settings.network_config())
+        self.limits = ChunkLimits(head.action_spec, shape, max_abs_reward=math.inf, max_abs_value=math.inf)
         #: Built on the training thread once the port is open (`start`), with the checkpoint restored: Adam's
         #: first parameters import torch._dynamo (1.5-3.5 s here), which need not keep a restarted learner
         #: from serving. `run` awaits it before its first update; `ready()` lets others await it.

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 
 from splitrl.core import certs
 from splitrl.core.args import load_config, validate_settings
+from splitrl.core.chunk_content import stored_observation_shape
 from splitrl.core.config import ServerSettings, Settings, shard_index
 from splitrl.core.envs import action_spec_of
 from splitrl.core.spec import ActionSpec
@@ -90,9 +91,7 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     if name == "replay":
         values["max_size"] = replay_chunks
         values["action_space"] = _action_space(run.env, json.dumps(run.env_kwargs, sort_keys=True))
-        # One step's observation as stored: frame stacks in cloud mode, encoder activations in the split modes.
-        cloud = run.mode == "cloud"
-        values["observation_shape"] = [run.frame_stack, run.frame_size, run.frame_size] if cloud else [run.width]
+        values["observation_shape"] = list(stored_observation_shape(run.mode == "cloud", run.network_config()))
         if run.train_every_step:
             values["samples_per_insert"], values["error_buffer"] = 1.0, float(unsampled_chunks_bound(run) - 1)
     if name == "inference" and run.train_every_step:  # waiting inserts make acting wait, a round of chunks later
