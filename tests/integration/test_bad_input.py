@@ -133,6 +133,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         ),
         (lambda r: r.rewards.append(1.0), "rewards has 3 entries for 2 envs"),
         (lambda r: r.rewards.__setitem__(0, float("inf")), "rewards holds NaN or Inf"),
+        (lambda r: r.rewards.__setitem__(1, -2e6), "reward of |2e+06|, above --max-abs-reward"),
         (lambda r: setattr(r, "first_step_id", 2**63 - 1), "below 2**63"),  # its 2nd row is 2**63
         (lambda r: setattr(r, "step_id_advance", 4), "first ActRequest sets first_step_id, not step_id_advance"),
         (lambda r: r.ClearField("first_step"), "neither first_step_id nor step_id_advance"),
@@ -164,6 +165,7 @@ async def test_truncated_tensor_is_invalid_argument_and_server_keeps_serving(clo
         "reward-coded-inf",
         "ragged",
         "inf-reward",
+        "absurd-reward",
         "huge-step-id",
         "advance-first",
         "no-step-id",

@@ -270,15 +270,15 @@ class _EdgeStream:
         request.first_step_id = self.step_ids.get(request)
         request.encoder_version = self.encoder_version.get(request, "encoder_version")
         self.rewards.get(request, n)
-        largest = max(map(abs, request.rewards), default=0.0)
-        if largest > s.max_abs_reward:  # replay would refuse the chunk holding it, and with it this writer's stream
-            raise BadRequest(
-                f"ActRequest reports a reward of |{largest:.3g}|, above --max-abs-reward {s.max_abs_reward:.3g}"
-            )
         if request.first_step_id + n > 2**63 or request.encoder_version >= 2**63:
             raise BadRequest("ActRequest's step ids (first_step_id + rows) and encoder_version must be below 2**63")
         self._claim_prefix(request.first_step_id, n)
         starts = self.lockstep.accept(request, n, ("rewards", "terminated", "truncated"))
+        largest = max(map(abs, request.rewards), default=0.0)
+        if largest > s.max_abs_reward:  # refused here, this edge alone: replay would refuse the chunk holding it
+            raise BadRequest(
+                f"ActRequest reports a reward of |{largest:.3g}|, above --max-abs-reward {s.max_abs_reward:.3g}"
+            )
         if self.stream_kind in ("frame", "video"):
             if self.stacker is None:
                 self.stacker = FrameStacker(n, s.frame_stack, s.frame_size, s.frame_size)
