@@ -78,18 +78,22 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         self.writers = Writers(settings.dedup_window)
         self.store: ReplayStore | None = None
         if settings.data_dir is not None:  # restored before the server starts: no call sees a half-restored table
-            self.store = ReplayStore(settings.data_dir, settings.fsync, metrics)
+            self.store = ReplayStore(settings.data_dir, settings.fsync, metrics, settings.keep_snapshots)
             self.store.restore(self.tables, self.writers)
         self._snapshots: asyncio.Task[None] | None = None
+        #: Set once the log cannot be written (a full disk): the service then stops, and exits saying why.
+        self._stopped_writing = asyncio.Event()
+        self._write_failure: OSError | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         replay_pb2_grpc.add_ReplayServicer_to_server(self, server)
 
-    def finished(self) -> None:
-        return None
+    def finished(self) -> asyncio.Event:
+        return self._stopped_writing
 
-    def failure(self) -> None:
-        return None
+    def failure(self) -> BaseException | None:
+        """The write that failed, once the log cannot be written: acknowledging more inserts would be a lie."""
+        return self._write_failure
 
     async def start(self) -> None:
         if self.store is not None:
@@ -110,6 +114,11 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         last = time.monotonic()
         while True:
             await asyncio.sleep(SNAPSHOT_POLL_S)
+            if store.log is not None and store.log.failed is not None:
+                log.error("replay stops: its log cannot be written: %s", store.log.failed)
+                self._write_failure = store.log.failed
+                self._stopped_writing.set()
+                return
             by_count = 0 < s.checkpoint_every_inserts <= store.changes_since_snapshot
             if not (by_count or time.monotonic() - last >= s.checkpoint_every_s) or not store.changes_since_snapshot:
                 continue

@@ -123,6 +123,12 @@ class ReplaySettings(ServerSettings, TableOptions):
     checkpoint_every_inserts: int = Field(
         0, ge=0, description="With data_dir: also snapshot after this many logged changes (0 = by time only)."
     )
+    keep_snapshots: int = Field(
+        2,
+        ge=1,
+        description="With data_dir: snapshots kept, newest first, with the log back to the oldest: one that fails "
+        "its check at restore is set aside and the next older one used.",
+    )
     dedup_window: int = Field(
         4096,
         ge=1,
