@@ -8,6 +8,8 @@ import struct
 
 import pytest
 
+from splitrl.core import state_files
+from splitrl.core.rpc import Busy
 from splitrl.replay.records import MAGIC_LOG, CorruptData, RecordReader, frame, segment_path
 from tests.unit.test_replay_persistence import crash, insert, replay, request, stored
 
@@ -130,3 +132,31 @@ async def test_a_missing_log_segment_refuses_the_start(tmp_path):
     segment_path(tmp_path, 1).unlink()
     with pytest.raises(CorruptData, match=r"incomplete .*a segment was removed"):
         replay(tmp_path, selector="fifo", max_size=100)
+
+
+async def test_a_log_the_disk_refuses_stops_replay_and_keeps_every_acknowledged_insert(tmp_path):
+    first = replay(tmp_path, selector="fifo", max_size=100)
+    await insert(first, *(request(s) for s in range(5)))
+    log = first.store.log
+    real_file = log._file
+
+    class FullDisk:
+        name = real_file.name
+
+        def write(self, data):  # a short write: the disk filled mid-record
+            return real_file.write(data[:7])
+
+        def __getattr__(self, attribute):
+            return getattr(real_file, attribute)
+
+    log._file = FullDisk()
+    with pytest.raises(Busy, match=r"replay cannot write its log .*short write"):
+        await insert(first, request(5))
+    assert first.finished().is_set() and state_files.cannot_write(first.failure())
+    with pytest.raises(Busy):  # nothing is appended after a record that may be torn
+        await insert(first, request(5))
+    log._file = real_file
+    crash(first)
+    second = replay(tmp_path, selector="fifo", max_size=100)  # the torn tail is the incomplete last record
+    assert sorted(stored(second)) == list(range(5))
+    crash(second)

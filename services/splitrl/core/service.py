@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from splitrl.core import ports, rpc, security
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
-from splitrl.core.state_files import EXIT_CANNOT_WRITE, cannot_write
+from splitrl.core.state_files import EXIT_CANNOT_WRITE, cannot_write, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +162,9 @@ class ServiceHost:
         await service.start()
         await rpc.set_serving(health_servicer, service.service_names, serving=True)
         host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer, calls)
-        if settings.port_file is not None:
-            tmp = settings.port_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}))
-            tmp.replace(settings.port_file)  # atomic: a reader never sees half a file
+        if settings.port_file is not None:  # atomic: a reader never sees half a file
+            ports_json = json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}).encode()
+            write_atomic(settings.port_file, lambda file: file.write(ports_json), durable=False)
         log.info(
             "serving %s on %s:%d (%s%s), metrics on :%d",
             ",".join(service.service_names) or "(health only)",
@@ -193,9 +192,9 @@ class ServiceHost:
             log.warning("metric families updated but not exported by this service: %s", ", ".join(unserved))
         self.stage = "writing final metrics"
         if self.settings.final_metrics_file is not None:
-            try:
-                self.settings.final_metrics_file.parent.mkdir(parents=True, exist_ok=True)
-                self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
+            text = generate_latest(self.metrics.registry)
+            try:  # whole or not at all: a reader falls back to the last scrape of a missing one
+                write_atomic(self.settings.final_metrics_file, lambda file: file.write(text), durable=False)
             except OSError as error:  # the counters are lost, the rest of the shutdown is not
                 log.error("cannot write the final metrics to %s: %s", self.settings.final_metrics_file, error)
                 self.write_error = error

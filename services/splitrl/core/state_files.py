@@ -57,7 +57,7 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None], *, durable: bool = True) -> None:
+def write_atomic(path: Path, write: Callable[[IO[bytes]], object], *, durable: bool = True) -> None:
     """Replace `path` by what `write` writes, atomically (module docstring); `durable`: fsync file and directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -106,7 +106,7 @@ def generations(path: Path, keep: int) -> list[Path]:
     return [candidate for age in range(keep) if (candidate := generation(path, age)).exists()]
 
 
-def rotate_in(path: Path, write: Callable[[IO[bytes]], None], keep: int, *, durable: bool = True) -> None:
+def rotate_in(path: Path, write: Callable[[IO[bytes]], object], keep: int, *, durable: bool = True) -> None:
     """Write a new newest generation of `path` (atomically, as write_atomic), keeping `keep` generations in all.
 
     The new file is whole on disk before any older one moves: a crash between the renames leaves every

@@ -85,6 +85,7 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     replay_chunks = replay_size(run)
     if name == "replay":
         values["max_size"] = replay_chunks
+        values["fsync"] = run.replay_fsync
         if run.train_every_step:
             values["samples_per_insert"], values["error_buffer"] = 1.0, float(unsampled_chunks_bound(run) - 1)
     if name == "inference" and run.train_every_step:  # waiting inserts make acting wait, a round of chunks later
@@ -131,6 +132,7 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("inference", "max_pending_inserts"): frozenset({"train_every_step", "num_envs"}),
     ("learner", "nice"): frozenset({"learner_nice"}),
+    ("replay", "fsync"): frozenset({"replay_fsync"}),
 }
 
 
@@ -193,6 +195,10 @@ def plan(
         group = {"rank": rank, "world_size": run.learners, "rendezvous_endpoint": rendezvous}
         return group | ({} if rank == 0 else {"checkpoint_dir": None})
 
+    def replay_data(replay: str) -> dict[str, Any]:
+        """Each replay shard's own directory in the run's, unless the run keeps replay in memory."""
+        return {"data_dir": run_dir_files.replay_data_dir(run_dir, replay) if run.replay_durable else None}
+
     def shard_of(inference: str) -> dict[str, Any]:
         """Inference replica r's index and the one replay shard it writes to (core.config.shard_index)."""
         replica = instances.index(inference) - instances.index("inference")
@@ -227,6 +233,7 @@ def plan(
             **tls_values(service, run, run_dir),
             **placement[service],
             **(shard_of(name) if service == "inference" else {}),
+            **(replay_data(name) if service == "replay" else {}),
             **(learner_rank(name) if service == "learner" and run.learners > 1 else {}),
         }
         try:
