@@ -73,7 +73,9 @@ def test_an_output_the_disk_refuses_stops_once_with_a_warning(capsys):
 
 
 def test_the_summary_uses_the_reserved_room_and_leaves_no_reserve(tmp_path):
-    outcome.reserve_summary_space(tmp_path)
+    (tmp_path / "summary.json").write_text('{"end": "an earlier segment"}')
+    outcome.start_summary(tmp_path)
+    assert not (tmp_path / "summary.json").exists()  # it no longer says how the run ended
     assert (tmp_path / outcome.RESERVE_FILE).stat().st_size == outcome.SUMMARY_RESERVE
     summary = {"end": outcome.ending("no progress", "why"), "curve": [{"env_steps": 1.0}]}
     assert outcome.write_summary(tmp_path, summary)

@@ -37,7 +37,7 @@ from splitrl.run.outcome import (
     ProgressWatch,
     ending,
     release_summary_space,
-    reserve_summary_space,
+    start_summary,
     write_summary,
 )
 from splitrl.run.plan import instance_names, plan, prepare_tls
@@ -60,7 +60,7 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         return 0
     run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     plan(settings, run_dir, done_steps=done_steps)  # every service's settings validate before anything starts
-    reserve_summary_space(run_dir)
+    start_summary(run_dir)
     interrupted, stopped = False, None
     outputs = BestEffort()
 

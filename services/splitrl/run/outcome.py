@@ -2,9 +2,9 @@
 warning) rather than end the run when the disk refuses them, and summary.json, written on every exit with the
 reason the run ended.
 
-A full disk must not cost the summary: `reserve_summary_space` writes RUN_DIR/summary.reserve (SUMMARY_RESERVE
-bytes) when the run starts, and `write_summary` removes it just before writing summary.json, so the summary
-has that room even when the run filled the disk; a summary larger still is written with its curve thinned.
+A full disk must not cost the summary: `start_summary` writes RUN_DIR/summary.reserve (SUMMARY_RESERVE bytes)
+when the run starts, and `write_summary` removes it just before writing summary.json, so the summary has that
+room even when the run filled the disk; a summary larger still is written with its curve thinned.
 """
 
 from __future__ import annotations
@@ -98,8 +98,10 @@ class BestEffort:
             return None
 
 
-def reserve_summary_space(run_dir: Path) -> None:
-    """Hold SUMMARY_RESERVE bytes of the run directory's disk for summary.json (see the module docstring)."""
+def start_summary(run_dir: Path) -> None:
+    """At a run's (or a resumed segment's) start: remove an earlier segment's summary.json, which no longer says
+    how the run ended, and hold SUMMARY_RESERVE bytes of the disk for this one's (see the module docstring)."""
+    (run_dir / SUMMARY_FILE).unlink(missing_ok=True)
     try:
         with (run_dir / RESERVE_FILE).open("wb") as file:
             file.write(bytes(SUMMARY_RESERVE))  # written, not a sparse truncate: the blocks are really taken
