@@ -10,8 +10,8 @@ from pathlib import Path
 
 import av
 import pytest
-import torch
 
+from splitrl.core import checkpoint
 from splitrl.run import files as run_dir_files
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +26,9 @@ def splitrl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str
 
 
 def learner_version(run_dir: Path) -> int:
-    return int(torch.load(run_dir / "checkpoints" / "learner.pt", weights_only=True)["version"])
+    saved = checkpoint.load(run_dir / "checkpoints" / "learner.pt")
+    assert saved is not None
+    return int(saved["version"])
 
 
 @pytest.mark.timeout(900)  # three runs in one test; ~90 s on an idle 2-core machine

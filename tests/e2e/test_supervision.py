@@ -104,7 +104,9 @@ def test_up_gives_up_on_a_service_that_keeps_dying(tmp_path):
     assert up.returncode == 1
     assert "replay exited with code -9 after 1 restarts (--max-restarts 1); gave up" in err
     assert "replay.log" in err
-    assert json.loads((run_dir / "summary.json").read_text())["restarts"] == {"replay": 1}
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["restarts"] == {"replay": 1}
+    assert summary["end"]["reason"] == "crash loop" and "gave up" in summary["end"]["message"]
 
 
 def test_two_inference_replicas_share_the_streams_and_a_killed_one_is_restarted(tmp_path):

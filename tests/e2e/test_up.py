@@ -219,7 +219,9 @@ def test_a_service_that_cannot_start_is_reported_and_nothing_is_left(tmp_path):
     assert result.returncode == 1
     assert "exited with code 1 while starting" in result.stderr
     assert "splitrl needs uint8 images" in result.stderr  # the log's last lines say why
-    assert "summary" not in result.stdout and not (run_dir / "summary.json").exists()  # no result after a failure
+    assert "summary" not in result.stdout  # no result shown after a failure; summary.json says why the run ended
+    end = json.loads((run_dir / "summary.json").read_text())["end"]
+    assert end["reason"] == "start failed" and "splitrl needs uint8 images" in end["message"]
     assert not processes_mentioning(str(run_dir))
 
 

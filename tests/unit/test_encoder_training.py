@@ -383,7 +383,7 @@ def test_encoder_checkpoint_restores_weights_optimizer_and_version(tmp_path):
     for name, value in restarted.encoder.state_dict().items():
         assert torch.equal(value, saved[name]), name
     assert restarted.optimizer.state_dict()["state"][0]["step"] == 3
-    assert not path.with_suffix(".tmp").exists()
+    assert sorted(p.name for p in tmp_path.glob("*.tmp")) == []  # written whole, renamed into place
 
 
 def test_an_encoder_that_never_stepped_is_still_saved_at_shutdown(tmp_path):

@@ -282,6 +282,17 @@ def test_replay_shards_are_instances_each_written_by_its_inference_replicas(tmp_
     assert planned["replay-1"].max_size == planned["replay"].max_size == 2 * 8
 
 
+def test_replay_under_a_run_is_durable_in_the_run_directory_unless_told_otherwise(tmp_path: Path):
+    run = RUN.model_copy(update={"inference_replicas": 2, "replay_shards": 2})
+    planned = plan(run, tmp_path)
+    assert planned["replay"].data_dir == tmp_path / "replay" / "replay"
+    assert planned["replay-1"].data_dir == tmp_path / "replay" / "replay-1"  # each shard its own log
+    assert planned["replay"].fsync == "always"
+    fast = plan(run.model_copy(update={"replay_fsync": "never"}), tmp_path)
+    assert fast["replay"].fsync == "never"
+    assert plan(run.model_copy(update={"replay_durable": False}), tmp_path)["replay"].data_dir is None
+
+
 def test_an_inference_given_every_shard_writes_to_its_index_mod_their_count():
     """What a Kubernetes or compose replica does: every shard listed, its own index (the pod's) picks one, by the
     same rule `splitrl up` plans with."""

@@ -161,8 +161,9 @@ async def test_snapshot_covers_the_log_it_replaces(tmp_path):
     assert sorted(stored(second)) == [2, 3, 4, 5, 6]
     info = second.tables["rollouts"].info()
     assert (info.inserts, info.samples, info.rate_limiter.deletes) == (7, 2, 2)
-    await second.stop()  # graceful: a last snapshot, the log it covers deleted
-    assert [p.name for p in tmp_path.glob("log-*.wal")] == []
+    await second.stop()  # graceful: a last snapshot; the log back to the older kept snapshot stays
+    assert sorted(p.name for p in tmp_path.glob("snapshot-*")) == ["snapshot-00000001.bin", "snapshot-00000003.bin"]
+    assert sorted(p.name for p in tmp_path.glob("log-*.wal")) == ["log-00000001.wal", "log-00000002.wal"]
     third = replay(tmp_path, selector="fifo", max_size=100)
     assert sorted(stored(third)) == [2, 3, 4, 5, 6]
     assert third.metrics.replay_acknowledged.labels(table="rollouts")._value.get() == 7

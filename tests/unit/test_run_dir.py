@@ -177,3 +177,11 @@ def test_a_new_run_over_an_earlier_runs_checkpoints_is_refused_naming_resume(tmp
     with pytest.raises(ValueError, match=r"holds an earlier run's checkpoints .*`splitrl up --resume .*used`"):
         run_dir_files.refuse_a_new_run_over_checkpoints(tmp_path / "used")
     assert (edge / "edge-encoder.pt").read_bytes() == b"weights"  # refused, nothing removed
+
+
+def test_a_new_run_over_an_earlier_runs_replay_data_is_refused(tmp_path):
+    data = run_dir_files.replay_data_dir(tmp_path, "replay")
+    data.mkdir(parents=True)
+    (data / "snapshot-00000001.bin").write_bytes(b"chunks")
+    with pytest.raises(ValueError, match=r"holds an earlier run's replay data .*`splitrl up --resume"):
+        run_dir_files.refuse_a_new_run_over_checkpoints(tmp_path)

@@ -361,6 +361,7 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
     from splitrl.core import authz, security
     from splitrl.core.ports import PortUnavailable
     from splitrl.core.service import run_service
+    from splitrl.core.state_files import EXIT_CANNOT_WRITE, EXIT_CORRUPT_STATE, CorruptState, cannot_write
 
     def recipe_share(path: Path, _: Any) -> dict[str, Any]:
         from splitrl.run.plan import recipe_share  # the whole run's settings: imported only for --config
@@ -378,6 +379,12 @@ def _serve(parser: argparse.ArgumentParser, name: str, args: argparse.Namespace)
         return run_service(lambda metrics: service_cls(settings, metrics), settings, name)
     except PortUnavailable as error:  # a port taken is the user's to fix: what and how, not a traceback
         parser.exit(1, f"splitrl serve {name}: {error}\n")
+    except CorruptState as error:  # no good state file left: what is wrong with which file, not a traceback
+        parser.exit(EXIT_CORRUPT_STATE, f"splitrl serve {name}: refusing to start: {error}\n")
+    except OSError as error:
+        if not cannot_write(error):
+            raise
+        parser.exit(EXIT_CANNOT_WRITE, f"splitrl serve {name}: cannot write its files: {error}\n")
 
 
 def _up(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

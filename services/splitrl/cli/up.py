@@ -9,12 +9,15 @@ upstream-first so every queue drains into the next, each writing its final
 counters, from which `summary.json` is built. A service that dies mid-run is
 restarted with the same settings and ports (run.launcher.Supervisor, up to
 --max-restarts times each). Ctrl-C (or SIGTERM) stops all children; a child also
-dies if this process is killed (PR_SET_PDEATHSIG).
+dies if this process is killed (PR_SET_PDEATHSIG). A run also ends, non-zero, when
+a service keeps dying, cannot write its files, refuses its state files, or env
+steps or updates stop for --progress-timeout-s (run.outcome); summary.json is
+written on every exit and says why the run ended (`end`). TensorBoard and
+curve.jsonl stop with a warning if the disk refuses them; the run goes on.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +29,17 @@ from splitrl.core import scrape
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import ENV_STEPS
 from splitrl.run import files as run_dir_files
-from splitrl.run.launcher import GaveUp, StartFailed, Supervisor, serving_addresses, stop_all
+from splitrl.run.launcher import RunStopped, StartFailed, Supervisor, serving_addresses, stop_all
+from splitrl.run.outcome import (
+    COMPLETED,
+    INTERRUPTED,
+    BestEffort,
+    ProgressWatch,
+    ending,
+    release_summary_space,
+    start_summary,
+    write_summary,
+)
 from splitrl.run.plan import instance_names, plan, prepare_tls
 from splitrl.run.settings import RunSettings
 from splitrl.run.stop_signal import StopSignal
@@ -47,7 +60,12 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         return 0
     run_dir_files.save_settings(run_dir, settings.model_copy(update={"run_dir": run_dir}).model_dump_json(indent=2))
     plan(settings, run_dir, done_steps=done_steps)  # every service's settings validate before anything starts
-    interrupted = start_failed = died = False
+    start_summary(run_dir)
+    interrupted, stopped = False, None
+    outputs = BestEffort()
+
+    def save_curve(run_dir: Path, point: dict[str, float]) -> None:
+        outputs("curve.jsonl", lambda: run_dir_files.append_curve(run_dir, point))
 
     def settings_for(name: str) -> ServerSettings | None:
         steps = done_steps
@@ -68,7 +86,8 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
         )
         started = time.monotonic()
         progress = Progress(settings.steps, sys.stdout.isatty(), done_steps, settings.verbose)
-        tensorboard = TensorBoardLog(run_dir) if settings.tensorboard else None
+        tensorboard = outputs("TensorBoard", lambda: TensorBoardLog(run_dir)) if settings.tensorboard else None
+        watch = ProgressWatch(settings.progress_timeout_s)
         try:
             prepare_tls(settings, run_dir)
             progress.starting(supervisor.instances, run_dir / "logs")
@@ -81,30 +100,33 @@ def run_up(settings: RunSettings, resume: bool = False) -> int:
                 progress.update(texts, time.monotonic() - started, supervisor.restarts)
                 seconds = round(time.monotonic() - started, 3)
                 point = run_dir_files.shifted(curve_point(texts) | {"seconds": seconds}, offset)
-                if extend_curve(curve, point, run_dir) and tensorboard is not None:
-                    tensorboard.add(point, texts, live, offset)
+                if extend_curve(curve, point, run_dir, save_curve) and tensorboard is not None:
+                    outputs("TensorBoard", lambda: tensorboard.add(point, texts, live, offset))  # noqa: B023 (now)
+                watch.check(point, time.monotonic(), supervisor)
                 stop.sleep(settings.progress_interval_s)
             elapsed = time.monotonic() - started
         except KeyboardInterrupt:
             interrupted, elapsed = True, time.monotonic() - started
             print("\ninterrupted: stopping services", file=sys.stderr)
-        except StartFailed as error:
+        except RunStopped as error:  # a start that failed, a service that kept dying, a run that stopped moving
             print(f"splitrl up: {error}", file=sys.stderr)
-            start_failed, elapsed = True, time.monotonic() - started
-        except GaveUp as error:  # a service kept dying
-            print(f"splitrl up: {error}", file=sys.stderr)
-            died, elapsed = True, time.monotonic() - started
+            stopped, elapsed = error, time.monotonic() - started
         finally:  # still inside StopSignal: a second Ctrl-C cannot cut this short and leave children behind
             stop_all(supervisor.children)
             progress.close()
-        if start_failed:  # no run took place: nothing that looks like a result
-            return 1
         # Inside StopSignal too: a Ctrl-C now would leave no summary, or TensorBoard's writer half-flushed.
-        summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset)
-        _write_results(summary, run_dir, supervisor, tensorboard, offset)
+        try:
+            summary = build_summary(settings, run_dir, supervisor, elapsed, interrupted, curve, offset, save_curve)
+            reason = stopped.reason if stopped else (INTERRUPTED if interrupted else COMPLETED)
+            summary["end"] = ending(reason, str(stopped or ""))
+            _write_results(summary, run_dir, supervisor, tensorboard, offset, outputs)
+        finally:
+            release_summary_space(run_dir)
+    if isinstance(stopped, StartFailed):  # no run took place: its summary says why, no result is shown
+        return 1
     progress.print_summary(summary, run_dir / "summary.json")
     failed = [name for name, code in summary["exit_codes"].items() if code != 0]
-    return 130 if interrupted else (1 if failed or died else 0)
+    return 130 if interrupted else (1 if failed or stopped else 0)
 
 
 def _open_run_dir(run_dir: Path, resume: bool) -> list[dict[str, float]]:
@@ -125,13 +147,16 @@ def _write_results(
     supervisor: Supervisor,
     tensorboard: TensorBoardLog | None,
     offset: dict[str, float],
+    outputs: BestEffort,
 ) -> None:
-    """summary.json, TensorBoard's last point and learning.png."""
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    """summary.json (first: it says why the run ended), TensorBoard's last point and learning.png, each of the
+    last two skipped with a warning if the disk refuses it."""
+    write_summary(run_dir, summary)
     if tensorboard is not None:  # the final counters too: a short run may update only near its end
         shutdown = shutdown_texts(run_dir)
-        tensorboard.add(summary["curve"][-1], shutdown + supervisor.retired_texts(), shutdown, offset)
-        tensorboard.close()
+        texts = shutdown + supervisor.retired_texts()
+        outputs("TensorBoard", lambda: tensorboard.add(summary["curve"][-1], texts, shutdown, offset))
+        outputs("TensorBoard", tensorboard.close)
     from splitrl.cli.plots import plot_run  # here: `splitrl serve` parses RunSettings too, and needs no matplotlib
 
-    plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir))
+    outputs("learning.png", lambda: plot_run(summary, run_dir / "learning.png", run_dir_files.load_evals(run_dir)))

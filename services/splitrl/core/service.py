@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from splitrl.core import authz, ports, rpc, security
 from splitrl.core.config import ServerSettings
 from splitrl.core.metrics import Metrics
+from splitrl.core.state_files import EXIT_CANNOT_WRITE, cannot_write, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,8 @@ class Service(Protocol):
         """An event set when the service has completed its job on its own (None: runs until stopped)."""
 
     def failure(self) -> BaseException | None:
-        """Why the service's own work failed, if it did (the process then exits with status 1)."""
+        """Why the service's own work failed, if it did (the process then exits with status 1, or with
+        state_files.EXIT_CANNOT_WRITE if the disk refused a write)."""
 
 
 #: Seconds between repeated cancellations of a background loop that did not end (see BackgroundLoop.cancel).
@@ -141,6 +143,8 @@ class ServiceHost:
     _deny_list_watch: asyncio.Task[None] | None = field(repr=False)
     #: What the host is doing, for the shutdown deadline's log line when something hangs.
     stage: str = "serving"
+    #: A write the shutdown could not make (the final metrics file): the process then exits EXIT_CANNOT_WRITE.
+    write_error: OSError | None = None
 
     @classmethod
     async def start(cls, service: Service, settings: ServerSettings, metrics: Metrics) -> ServiceHost:
@@ -169,10 +173,9 @@ class ServiceHost:
         await service.start()
         await rpc.set_serving(health_servicer, service.service_names, serving=True)
         host = cls(service, settings, metrics, server, grpc_port, metrics_port, http, health_servicer, calls, watcher)
-        if settings.port_file is not None:
-            tmp = settings.port_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}))
-            tmp.replace(settings.port_file)  # atomic: a reader never sees half a file
+        if settings.port_file is not None:  # atomic: a reader never sees half a file
+            ports_json = json.dumps({"grpc": grpc_port, "metrics": metrics_port, "pid": os.getpid()}).encode()
+            write_atomic(settings.port_file, lambda file: file.write(ports_json), durable=False)
         log.info(
             "serving %s on %s:%d (%s%s), metrics on :%d",
             ",".join(service.service_names) or "(health only)",
@@ -202,8 +205,12 @@ class ServiceHost:
             log.warning("metric families updated but not exported by this service: %s", ", ".join(unserved))
         self.stage = "writing final metrics"
         if self.settings.final_metrics_file is not None:
-            self.settings.final_metrics_file.parent.mkdir(parents=True, exist_ok=True)
-            self.settings.final_metrics_file.write_bytes(generate_latest(self.metrics.registry))
+            text = generate_latest(self.metrics.registry)
+            try:  # whole or not at all: a reader falls back to the last scrape of a missing one
+                write_atomic(self.settings.final_metrics_file, lambda file: file.write(text), durable=False)
+            except OSError as error:  # the counters are lost, the rest of the shutdown is not
+                log.error("cannot write the final metrics to %s: %s", self.settings.final_metrics_file, error)
+                self.write_error = error
         self.stage = "closing /metrics"
         self._http.shutdown()  # type: ignore[attr-defined]
         self._http.server_close()  # type: ignore[attr-defined]
@@ -280,9 +287,10 @@ async def serve_until_signalled(
 ) -> int:
     """Build the service, run it until SIGTERM/SIGINT or until it finishes by itself, then stop it.
 
-    Returns 0, or 1 if the service reports a failure of its own work. With `deadline` (a service
-    process, not a test sharing its process) the process is ended, status 1, if stopping takes longer
-    than shutdown_grace_s + SHUTDOWN_MARGIN_S (ShutdownDeadline). `name`: as in run_service.
+    Returns 0, or 1 if the service reports a failure of its own work, or EXIT_CANNOT_WRITE if a write to disk
+    failed (its work's, or the shutdown's: a checkpoint, the final metrics), logged in one line. With
+    `deadline` (a service process, not a test sharing its process) the process is ended, status 1, if stopping
+    takes longer than shutdown_grace_s + SHUTDOWN_MARGIN_S (ShutdownDeadline). `name`: as in run_service.
     """
     metrics = Metrics(CollectorRegistry(), name)
     service = build(metrics)
@@ -301,8 +309,17 @@ async def serve_until_signalled(
     log.info("shutting down (grace %.1fs)", settings.shutdown_grace_s)
     if deadline:
         ShutdownDeadline(settings.shutdown_grace_s + SHUTDOWN_MARGIN_S, lambda: host.stage).arm()
-    await host.stop()
-    return 0 if service.failure() is None else 1
+    try:
+        await host.stop()
+    except OSError as error:
+        if not cannot_write(error):
+            raise
+        log.error("cannot write while shutting down (%s): %s", host.stage, error)
+        return EXIT_CANNOT_WRITE
+    failure = service.failure()
+    if host.write_error is not None or (failure is not None and cannot_write(failure)):
+        return EXIT_CANNOT_WRITE
+    return 0 if failure is None else 1
 
 
 AUTOGROUP = Path("/proc/self/autogroup")

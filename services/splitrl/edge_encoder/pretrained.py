@@ -35,7 +35,9 @@ class PretrainResult:
 def save_pretrained(path: Path, encoder: Encoder, model: ModelConfig, env_id: str, result: PretrainResult) -> None:
     """Write the encoder's weights, the ModelConfig they fit and how they were made (atomically)."""
     checkpoint.save(
-        {"encoder": encoder.state_dict(), "model": asdict(model), "env": env_id, "result": asdict(result)}, path
+        {"encoder": encoder.state_dict(), "model": asdict(model), "env": env_id, "result": asdict(result)},
+        path,
+        keep=1,  # the user's own file: no older generations beside it
     )
 
 
@@ -43,7 +45,7 @@ def load_pretrained(path: Path, model: ModelConfig, env_id: str) -> dict[str, to
     """The encoder weights in `path` (written by `splitrl pretrain-encoder`). FileNotFoundError if there is no
     file; ValueError if it is not such a file, or was made for other shapes than `model` or another env."""
     try:
-        state = checkpoint.load(path)
+        state = checkpoint.load(path, keep=1)
     except Exception as error:  # torch.load of a foreign file: EOFError, UnpicklingError, RuntimeError, ...
         raise ValueError(f"{path} is not a pretrained encoder file: {type(error).__name__}: {error}") from None
     if state is None:

@@ -36,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import torch
 
-from splitrl.core import codecs, rpc, wire
+from splitrl.core import checkpoint, codecs, rpc, wire
 from splitrl.core.backoff import Backoff
 from splitrl.core.framestack import FrameRow
 from splitrl.core.link_meter import LinkMeter
@@ -96,7 +96,7 @@ class EdgeEncoderService(rollout_pb2_grpc.EdgeEncoderServicer):
         model = settings.network_config()
         encoder = model.encoder().eval()
         checkpoint_path = None if settings.checkpoint_dir is None else settings.checkpoint_dir / "encoder.pt"
-        if settings.encoder_init is not None and not (checkpoint_path and checkpoint_path.exists()):
+        if settings.encoder_init is not None and not (checkpoint_path and checkpoint.exists(checkpoint_path)):
             # a restarted or resumed edge goes on from its checkpoint and needs no init file
             encoder.load_state_dict(load_pretrained(settings.encoder_init, model, settings.env))
             log.info("encoder starts from %s", settings.encoder_init)

@@ -96,6 +96,9 @@ class LearnerService(LoopService):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.loop = BackgroundLoop("learner loop")
         self.parallel: DataParallel | None = None  # joined on the training thread (`_build_trainer`)
+        path = self._checkpoint_path()
+        #: Read and verified before the port opens: a checkpoint with no good generation refuses the start here.
+        self._saved = None if path is None else checkpoint.load(path)
 
     @property
     def trainer(self) -> Trainer:
@@ -309,8 +312,7 @@ class LearnerService(LoopService):
         checkpoint.save(state, path)
 
     def _restore(self, trainer: Trainer) -> None:
-        path = self._checkpoint_path()
-        state = None if path is None else checkpoint.load(path)
+        state, self._saved = self._saved, None
         if state is None:
             return
         trainer.network.load_state_dict(state["network"])
@@ -323,7 +325,7 @@ class LearnerService(LoopService):
             checkpoint.restore_rng(state["rng"], trainer.generator)
         log.info(
             "resumed from %s at version %d (%d items sampled so far, newest key %d)",
-            path,
+            self._checkpoint_path(),
             self.version,
             self.samples_consumed,
             self.last_sampled_key,

@@ -7,17 +7,21 @@ Files in `data_dir`:
   (os-level write, and with fsync="always" fsynced, several inserts sharing one
   fsync) BEFORE it is acknowledged; samples and priority updates are appended as
   they happen, without waiting for an fsync.
-- `snapshot.bin`: `MAGIC_SNAPSHOT`, a SnapshotHeader (table counters, writers,
-  the first log segment it does not cover), then one LoggedInsert per stored
-  item. Written to `snapshot.tmp` off the event loop and renamed into place
-  (atomic); the segments it covers are deleted afterwards.
+- `snapshot-NNNNNNNN.bin` (NNNNNNNN: the first log segment it does not cover): `MAGIC_SNAPSHOT`, a
+  SnapshotHeader (table counters, writers, that segment, the item count), then one LoggedInsert per stored
+  item, each record with its CRC-32. Written off the event loop as `snapshot-NNNNNNNN.bin.tmp` and renamed
+  into place (core.state_files.write_atomic). The newest `keep_snapshots` are kept, and every log segment
+  from the oldest kept one's NNNNNNNN on: falling back to an older snapshot loses nothing.
 - `LOCK`: held (flock) while a replay uses the directory; the kernel drops it when the process dies.
 
-Restore = snapshot, then every later segment in order. A record cut short or
-failing its CRC at the end of the last segment (a crash mid-write) is dropped
-and the file truncated there; anywhere else it is corruption and replay refuses
-to start, naming the file and offset. The framing, the reading of whole records and the open log segment
-are splitrl.replay.records.
+Restore = the newest snapshot that passes its checks (each record's CRC, the item count), then every later
+segment in order. A snapshot that fails is renamed to NAME.corrupt, reported, and the next older one used;
+if snapshots exist and none passes, replay refuses to start, naming each. In the log only an incomplete
+last record of the last segment (the file ends inside it, and no whole record follows: a crash mid-write,
+never acknowledged) is dropped, with a warning, and the file truncated there. A record failing its CRC, or
+any bad record followed by whole ones, or a bad record in an earlier segment, is corruption: replay refuses
+to start, naming the file, the offset and what follows, and changes nothing, so no acknowledged record is
+lost. The framing, the reading of whole records and the open log segment are splitrl.replay.records.
 
 What restore gives back exactly: every acknowledged item, with its key,
 priority and times sampled; keys continue (never reused); each table's inserts,
@@ -33,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from splitrl.core.metrics import Metrics
+from splitrl.core.state_files import write_atomic
 from splitrl.replay.dedup import Writers
 from splitrl.replay.records import (
     MAGIC_LOG,
@@ -47,7 +52,6 @@ from splitrl.replay.records import (
     Log,
     RecordReader,
     frame,
-    fsync_directory,
     log_segments,
     parse,
     segment_path,
@@ -59,6 +63,16 @@ log = logging.getLogger(__name__)
 
 MAGIC_SNAPSHOT = b"SRLSNP1\n"
 SNAPSHOT_FORMAT = 1
+#: A snapshot written before snapshots were kept in generations: read as the oldest candidate.
+LEGACY_SNAPSHOT = "snapshot.bin"
+
+
+@dataclass
+class _ReadSnapshot:
+    """A snapshot file as read and checked: its header and its items by table."""
+
+    header: replay_store_pb2.SnapshotHeader
+    by_table: dict[str, list[replay_store_pb2.LoggedInsert]]
 
 
 @dataclass
@@ -78,9 +92,12 @@ class ReplayStore:
     before acknowledging; `await snapshot(...)` now and then; `await close(...)` at shutdown.
     """
 
-    def __init__(self, directory: Path, fsync: FsyncPolicy, metrics: Metrics) -> None:
+    def __init__(self, directory: Path, fsync: FsyncPolicy, metrics: Metrics, keep_snapshots: int = 2) -> None:
+        if keep_snapshots < 1:
+            raise ValueError(f"keep_snapshots must be >= 1, got {keep_snapshots}")
         directory.mkdir(parents=True, exist_ok=True)
         self.directory, self.fsync, self.metrics = directory, fsync, metrics
+        self.keep_snapshots = keep_snapshots
         self._lock_file = (directory / "LOCK").open("a")
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -93,18 +110,25 @@ class ReplayStore:
         self.restored_items = 0
         self._replayed = 0  # log records restore read: the next snapshot covers them too
 
-    @property
-    def snapshot_path(self) -> Path:
-        return self.directory / "snapshot.bin"
+    def snapshot_path(self, next_segment: int) -> Path:
+        return self.directory / f"snapshot-{next_segment:08d}.bin"
+
+    def snapshots(self) -> list[Path]:
+        """The snapshot files, newest first (the legacy snapshot.bin last)."""
+        numbered = sorted(self.directory.glob("snapshot-*.bin"), reverse=True)
+        legacy = self.directory / LEGACY_SNAPSHOT
+        return numbered + ([legacy] if legacy.exists() else [])
 
     def restore(self, tables: dict[str, Table], writers: Writers) -> float:
         """Rebuild `tables` (new, empty) and `writers` from disk; open the log. Returns the seconds it took."""
         started = time.perf_counter()
-        first_segment = self._restore_snapshot(tables, writers) if self.snapshot_path.exists() else 0
-        segments = log_segments(self.directory)
-        for segment in [s for s in segments if s < first_segment]:  # covered by the snapshot: a crash left them
-            segment_path(self.directory, segment).unlink()
-        later = [s for s in segments if s >= first_segment]
+        first_segment = self._restore_newest_good_snapshot(tables, writers)
+        later = [s for s in log_segments(self.directory) if s >= first_segment]
+        if later and later != list(range(first_segment, later[-1] + 1)):
+            raise CorruptData(
+                f"{self.directory}: the log from segment {first_segment} on is incomplete "
+                f"(segments {later}): a segment was removed"
+            )
         for index, segment in enumerate(later):
             self._replay_segment(segment_path(self.directory, segment), tables, writers, last=index == len(later) - 1)
         for table in tables.values():
@@ -118,26 +142,48 @@ class ReplayStore:
         log.info("restored %d items from %s in %.2fs", self.restored_items, self.directory, elapsed)
         return elapsed
 
-    def _restore_snapshot(self, tables: dict[str, Table], writers: Writers) -> int:
-        reader = RecordReader(self.snapshot_path, MAGIC_SNAPSHOT)
+    def _restore_newest_good_snapshot(self, tables: dict[str, Table], writers: Writers) -> int:
+        """Restore the newest snapshot that passes its checks; the first log segment it does not cover (0: none).
+
+        One that fails is set aside as NAME.corrupt and reported; CorruptData naming each if none passes.
+        """
+        failures = []
+        for path in self.snapshots():
+            try:
+                snapshot = self._read_snapshot(path)
+            except CorruptData as error:
+                aside = path.with_name(path.name + ".corrupt")
+                path.replace(aside)
+                log.error("%s; set aside as %s, trying an older snapshot", error, aside.name)
+                failures.append(f"{error} (set aside as {aside.name})")
+                continue
+            for state in snapshot.header.tables:
+                _table(tables, state.name, path).restore_snapshot(state, snapshot.by_table[state.name])
+            writers.restore(snapshot.header.writers)
+            if failures:
+                log.warning("restored from %s, an older snapshot, and the log segments after it", path.name)
+            return snapshot.header.next_segment
+        if failures:
+            raise CorruptData(f"no good snapshot in {self.directory}: " + "; ".join(failures))
+        return 0
+
+    def _read_snapshot(self, path: Path) -> _ReadSnapshot:
+        reader = RecordReader(path, MAGIC_SNAPSHOT)
         records = iter(reader)
         header = replay_store_pb2.SnapshotHeader()
-        parse(header, next(records, b""), self.snapshot_path)
+        parse(header, next(records, b""), path)
         if header.format != SNAPSHOT_FORMAT:
-            raise CorruptData(f"{self.snapshot_path}: format {header.format}, this replay reads {SNAPSHOT_FORMAT}")
+            raise CorruptData(f"{path}: format {header.format}, this replay reads {SNAPSHOT_FORMAT}")
         by_table: dict[str, list[replay_store_pb2.LoggedInsert]] = {state.name: [] for state in header.tables}
         for payload in records:
             item = replay_store_pb2.LoggedInsert()
-            parse(item, payload, self.snapshot_path)
+            parse(item, payload, path)
             if item.table not in by_table:
-                raise CorruptData(f"{self.snapshot_path}: item {item.key} of table {item.table!r}, not in its header")
+                raise CorruptData(f"{path}: item {item.key} of table {item.table!r}, not in its header")
             by_table[item.table].append(item)
         if reader.torn or sum(map(len, by_table.values())) != header.items:
-            raise CorruptData(f"{self.snapshot_path}: cut short or damaged at offset {reader.end}")
-        for state in header.tables:
-            _table(tables, state.name, self.snapshot_path).restore_snapshot(state, by_table[state.name])
-        writers.restore(header.writers)
-        return header.next_segment
+            raise CorruptData(f"{path}: cut short or damaged at offset {reader.end}")
+        return _ReadSnapshot(header, by_table)
 
     def _replay_segment(self, path: Path, tables: dict[str, Table], writers: Writers, *, last: bool) -> None:
         reader = RecordReader(path, MAGIC_LOG)
@@ -158,9 +204,28 @@ class ReplayStore:
                 _table(tables, record.priorities.table, path).restore_priorities((u.key, u.priority) for u in updates)
         if not reader.torn:
             return
+        size = path.stat().st_size
         if not last:
-            raise CorruptData(f"{path}: damaged record at offset {reader.end}, and later segments follow it")
-        log.warning("%s: dropping a torn record at its end (offset %d: a crash mid-write)", path, reader.end)
+            raise CorruptData(
+                f"{path}: damaged record at offset {reader.end} of {size} bytes, and later segments follow it; "
+                "refusing to start (nothing was changed)"
+            )
+        following = reader.next_record()
+        if not reader.incomplete or following is not None:
+            what = "a whole record follows it" if following is None else f"a whole record follows at {following}"
+            if not reader.incomplete and following is None:
+                what = "the record is whole but fails its CRC: not a torn write"
+            raise CorruptData(
+                f"{path}: damaged record at offset {reader.end} of {size} bytes ({what}): acknowledged records "
+                "may lie after it, so replay refuses to start and changes nothing; restore the file from a copy, "
+                f"or move it aside to start without the records from offset {reader.end} on"
+            )
+        log.warning(
+            "%s: dropping an incomplete last record (offset %d, %d bytes: a crash mid-write, never acknowledged)",
+            path,
+            reader.end,
+            size - reader.end,
+        )
         with path.open("r+b") as file:  # so the next restore does not find it in the middle
             file.truncate(reader.end)
 
@@ -203,9 +268,7 @@ class ReplayStore:
             captured = self._capture(tables, writers)  # no await from idle() to here: nothing changes meanwhile
             started = time.perf_counter()
             await asyncio.to_thread(self._write_snapshot, captured)
-            for segment in log_segments(self.directory):
-                if segment < captured.header.next_segment:
-                    segment_path(self.directory, segment).unlink()
+            self._prune()
             self.metrics.replay_snapshots.inc()
             log.info(
                 "snapshot of %d items in %.2fs (log from segment %d)",
@@ -229,9 +292,9 @@ class ReplayStore:
         return captured
 
     def _write_snapshot(self, captured: _Captured) -> None:
-        """In a worker thread: the snapshot file, written whole, then renamed over the old one."""
-        tmp = self.directory / "snapshot.tmp"
-        with tmp.open("wb") as file:
+        """In a worker thread: the snapshot file, written whole, then renamed into place (state_files)."""
+
+        def write(file: IO[bytes]) -> None:
             file.write(MAGIC_SNAPSHOT)
             file.write(frame(captured.header.SerializeToString()))
             for table, key, priority, times_sampled, trajectory in captured.items:
@@ -239,12 +302,19 @@ class ReplayStore:
                     table=table, key=key, priority=priority, trajectory=trajectory, times_sampled=times_sampled
                 )
                 file.write(frame(record.SerializeToString()))
-            file.flush()
-            if self.fsync == "always":
-                os.fsync(file.fileno())
-        tmp.replace(self.snapshot_path)
-        if self.fsync == "always":
-            fsync_directory(self.directory)
+
+        path = self.snapshot_path(captured.header.next_segment)
+        write_atomic(path, write, durable=self.fsync == "always")
+
+    def _prune(self) -> None:
+        """Keep the newest `keep_snapshots` snapshots and the log segments from the oldest kept one's on."""
+        numbered = [path for path in self.snapshots() if path.name != LEGACY_SNAPSHOT]
+        for old in [*numbered[self.keep_snapshots :], self.directory / LEGACY_SNAPSHOT]:
+            old.unlink(missing_ok=True)
+        oldest = min(int(path.stem.removeprefix("snapshot-")) for path in numbered[: self.keep_snapshots])
+        for segment in log_segments(self.directory):
+            if segment < oldest:
+                segment_path(self.directory, segment).unlink()
 
     async def close(self, tables: dict[str, Table], writers: Writers) -> None:
         """Shutdown: a last snapshot if anything changed since the previous one, then release the directory."""

@@ -18,7 +18,7 @@ import grpc
 from splitrl.core import trajectory
 from splitrl.core.link_meter import LinkMeter
 from splitrl.core.metrics import Metrics
-from splitrl.core.rpc import BadRequest
+from splitrl.core.rpc import BadRequest, Busy
 from splitrl.replay.dedup import Writers
 from splitrl.replay.persistence import ReplayStore
 from splitrl.replay.settings import ReplaySettings, TableSettings
@@ -79,18 +79,22 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         self.limits = settings.chunk_limits()
         self.store: ReplayStore | None = None
         if settings.data_dir is not None:  # restored before the server starts: no call sees a half-restored table
-            self.store = ReplayStore(settings.data_dir, settings.fsync, metrics)
+            self.store = ReplayStore(settings.data_dir, settings.fsync, metrics, settings.keep_snapshots)
             self.store.restore(self.tables, self.writers)
         self._snapshots: asyncio.Task[None] | None = None
+        #: Set once the log cannot be written (a full disk): the service then stops, and exits saying why.
+        self._stopped_writing = asyncio.Event()
+        self._write_failure: OSError | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
         replay_pb2_grpc.add_ReplayServicer_to_server(self, server)
 
-    def finished(self) -> None:
-        return None
+    def finished(self) -> asyncio.Event:
+        return self._stopped_writing
 
-    def failure(self) -> None:
-        return None
+    def failure(self) -> BaseException | None:
+        """The write that failed, once the log cannot be written: acknowledging more inserts would be a lie."""
+        return self._write_failure
 
     async def start(self) -> None:
         if self.store is not None:
@@ -111,6 +115,9 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
         last = time.monotonic()
         while True:
             await asyncio.sleep(SNAPSHOT_POLL_S)
+            if store.log is not None and store.log.failed is not None:  # a sample's or a priority's record
+                self._cannot_write(store.log.failed)
+                return
             by_count = 0 < s.checkpoint_every_inserts <= store.changes_since_snapshot
             if not (by_count or time.monotonic() - last >= s.checkpoint_every_s) or not store.changes_since_snapshot:
                 continue
@@ -145,8 +152,13 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
                     original = duplicate.key
                 except ValueError as error:  # a bad priority, refused before anything was stored
                     raise BadRequest(f"InsertRequest.priority: {error}") from None
+                except OSError as error:
+                    raise self._cannot_write(error) from None
             if self.store is not None and self.store.log is not None:
-                await self.store.log.durable()  # acknowledged only once on disk (a duplicate: its original)
+                try:
+                    await self.store.log.durable()  # acknowledged only once on disk (a duplicate: its original)
+                except OSError as error:
+                    raise self._cannot_write(error) from None
             if original is not None:
                 self.metrics.replay_duplicates.labels(table=table.name).inc()
             ack = replay_pb2.InsertResponse(
@@ -154,6 +166,14 @@ class ReplayService(replay_pb2_grpc.ReplayServicer):
             )
             self.insert_meter.sent(ack, phase="rollout", payload="ack")
             yield ack
+
+    def _cannot_write(self, error: OSError) -> Busy:
+        """The log cannot be written: stop (the process exits saying why); the writer re-sends elsewhere or later."""
+        if self._write_failure is None:
+            log.error("replay stops: its log cannot be written: %s", error)
+            self._write_failure = error
+            self._stopped_writing.set()
+        return Busy(f"replay cannot write its log ({error}); it is stopping")
 
     def _on_insert(self, request: replay_pb2.InsertRequest) -> InsertHook:
         """Runs in the table's atomic store step: re-check the writer's sequence, log, then remember it."""

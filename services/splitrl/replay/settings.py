@@ -125,11 +125,17 @@ class ReplaySettings(ServerSettings, TableOptions, RewardSettings):
     checkpoint_every_inserts: int = Field(
         0, ge=0, description="With data_dir: also snapshot after this many logged changes (0 = by time only)."
     )
+    keep_snapshots: int = Field(
+        2,
+        ge=1,
+        description="With data_dir: snapshots kept, newest first, with the log back to the oldest: one that fails "
+        "its check at restore is set aside and the next older one used.",
+    )
     action_space: ActionSpec | None = Field(
         None,
         description='The run\'s action space as JSON, e.g. {"kind": "discrete", "size": 5}: an insert whose actions '
         "lie outside it is refused. Unset: discrete actions need only be indices >= 0, continuous ones finite. "
-        "`splitrl up` and a recipe set it from the env.",
+        "`splitrl up` sets it from the env.",
     )
     observation_shape: list[int] | None = Field(
         None,

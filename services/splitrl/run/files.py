@@ -3,8 +3,8 @@
 `settings.json` is written when a run starts and `curve.jsonl` gets a line per
 progress point while it runs, so even a run killed outright (no summary.json)
 resumes. The learner and the edge encoder resume from their own checkpoints
-under RUN_DIR/checkpoints/; replay is not persisted (it holds about two updates
-of fresh chunks, refilled within seconds). Curve points are cumulative over
+under RUN_DIR/checkpoints/, and replay (unless --no-replay-durable) from its
+write-ahead log and snapshots under RUN_DIR/replay/NAME/. Curve points are cumulative over
 every segment of the run: a resumed segment adds its counters to the last point.
 """
 
@@ -17,6 +17,8 @@ from typing import Any
 SETTINGS_FILE = "settings.json"
 #: The learner's and the edge encoder's checkpoints (the edge's in its own folder below it).
 CHECKPOINTS_DIR = "checkpoints"
+#: Replay's write-ahead logs and snapshots, a folder per replay instance below it.
+REPLAY_DIR = "replay"
 CURVE_FILE = "curve.jsonl"
 #: One line per `splitrl eval`: the env steps and policy version evaluated, and the returns.
 EVALS_FILE = "evals.jsonl"
@@ -39,16 +41,21 @@ def edge_checkpoint_dir(run_dir: Path) -> Path:
     return run_dir / CHECKPOINTS_DIR / "edge-encoder"
 
 
+def replay_data_dir(run_dir: Path, instance: str) -> Path:
+    """Where replay instance `instance` (replay, replay-1, ...) of a run keeps its tables (--replay-durable)."""
+    return run_dir / REPLAY_DIR / instance
+
+
 def refuse_a_new_run_over_checkpoints(run_dir: Path) -> None:
-    """ValueError, quoting `run_dir`, if it holds an earlier run's checkpoints: a new run there would resume the
-    learner's and the edge's weights under a fresh curve (or fail on a different network), so it must either
-    be `--resume`d or go to another directory."""
-    checkpoints = run_dir / CHECKPOINTS_DIR
-    if checkpoints.is_dir() and any(path.is_file() for path in checkpoints.rglob("*")):
-        raise ValueError(
-            f"--run-dir {run_dir} holds an earlier run's checkpoints ({checkpoints}): go on with "
-            f"`splitrl up --resume {run_dir}`, or start this run in another --run-dir (or remove {run_dir})"
-        )
+    """ValueError, quoting `run_dir`, if it holds an earlier run's checkpoints or replay data: a new run there
+    would resume the learner's and the edge's weights and replay's chunks under a fresh curve (or fail on a
+    different network), so it must either be `--resume`d or go to another directory."""
+    for state, what in ((run_dir / CHECKPOINTS_DIR, "checkpoints"), (run_dir / REPLAY_DIR, "replay data")):
+        if state.is_dir() and any(path.is_file() for path in state.rglob("*")):
+            raise ValueError(
+                f"--run-dir {run_dir} holds an earlier run's {what} ({state}): go on with "
+                f"`splitrl up --resume {run_dir}`, or start this run in another --run-dir (or remove {run_dir})"
+            )
 
 
 def load_settings(run_dir: Path) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from splitrl.core import scrape
 from splitrl.core.args import env_name, settings_argv
 from splitrl.core.backoff import Backoff
 from splitrl.core.config import ServerSettings
+from splitrl.core.state_files import EXIT_CANNOT_WRITE, EXIT_CORRUPT_STATE
 from splitrl.run.plan import amended, service_of
 
 
@@ -77,8 +78,16 @@ def spawn(
     return Child(name, process, port_file)
 
 
-class StartFailed(RuntimeError):
+class RunStopped(RuntimeError):
+    """Why a run ended before its steps were taken; `reason` is a short name for summary.json's `end`."""
+
+    reason = "stopped"
+
+
+class StartFailed(RunStopped):
     """A service exited, or did not serve in time, before the run began."""
+
+    reason = "start failed"
 
 
 def last_log_lines(run_dir: Path, name: str, count: int = 8) -> str:
@@ -108,8 +117,11 @@ def wait_ready(child: Child, run_dir: Path, timeout_s: float, sleep: Callable[[f
 
 
 def stop_child(child: Child, timeout_s: float) -> None:
+    """SIGTERM, and SIGKILL if it has not exited after `timeout_s`; a stopped child (SIGSTOP) is continued so
+    that it can act on the SIGTERM."""
     if child.process.poll() is None:
         child.process.send_signal(signal.SIGTERM)
+        child.process.send_signal(signal.SIGCONT)
         try:
             child.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -124,8 +136,22 @@ def stop_all(children: dict[str, Child]) -> None:
         stop_child(children[name], timeout_s=15.0)
 
 
-class GaveUp(RuntimeError):
-    """A service kept dying: it exited more often than the run allows restarts."""
+class GaveUp(RunStopped):
+    """A service kept dying (more often than the run allows restarts), or exited in a way a restart cannot mend:
+    it could not write to disk (EXIT_CANNOT_WRITE), or refused its state files (EXIT_CORRUPT_STATE)."""
+
+    def __init__(self, message: str, reason: str = "crash loop") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def disk_space(path: Path) -> str:
+    """The free space of `path`'s filesystem, in words."""
+    try:
+        stat = os.statvfs(path)
+    except OSError as error:
+        return f"its free space is unknown ({error})"
+    return f"{stat.f_bavail * stat.f_frsize:,} of {stat.f_blocks * stat.f_frsize:,} bytes free"
 
 
 class Supervisor:
@@ -162,6 +188,8 @@ class Supervisor:
         self._last_text: dict[str, str] = {}
         self._retired: dict[str, list[str]] = {name: [] for name in self.instances}
         self._finished: set[str] = set()
+        #: Services whose /metrics did not answer at the last `live_texts`: alive, perhaps, but stuck.
+        self.silent: set[str] = set()
 
     def start_all(self) -> None:
         """Start every service in order, each once the one it dials serves (StartFailed if one cannot)."""
@@ -184,13 +212,19 @@ class Supervisor:
     def live_texts(self) -> list[str]:
         """/metrics of every live service (gauges are only meaningful here; counters add `retired_texts`)."""
         texts = []
+        self.silent = set()
         for name, child in self.children.items():
             try:
                 self._last_text[name] = scrape.fetch(child.ports["metrics"])
             except (OSError, KeyError):
+                self.silent.add(name)
                 continue  # shutting down, or never served; the next update will do
             texts.append(self._last_text[name])
         return texts
+
+    def last_texts(self) -> dict[str, str]:
+        """The last /metrics scraped from each live service: its counters when its final metrics file is missing."""
+        return dict(self._last_text)
 
     def retired_texts(self, name: str | None = None) -> list[str]:
         """The last /metrics scraped from each dead incarnation (of `name`, or of every service)."""
@@ -207,6 +241,19 @@ class Supervisor:
     def _restart(self, name: str, code: int) -> None:
         count = self.restarts.get(name, 0)
         log = self.run_dir / "logs" / f"{name}.log"
+        if code == EXIT_CANNOT_WRITE:  # a restart would meet the same disk
+            raise GaveUp(
+                f"{name} exited with code {code}: it could not write its files (disk full, read-only or failing; "
+                f"{self.run_dir}'s filesystem has {disk_space(self.run_dir)}). The end of {log}:"
+                + last_log_lines(self.run_dir, name),
+                reason="cannot write",
+            )
+        if code == EXIT_CORRUPT_STATE:  # a restart would meet the same files
+            raise GaveUp(
+                f"{name} exited with code {code}: it refused its state files, none of which passed its checks. "
+                f"The end of {log}:" + last_log_lines(self.run_dir, name),
+                reason="corrupt state",
+            )
         if count >= self.max_restarts:
             raise GaveUp(
                 f"{name} exited with code {code} after {count} restarts (--max-restarts {self.max_restarts}); "
@@ -222,8 +269,11 @@ class Supervisor:
         delay = self._backoffs[name].next_delay()
         note = f"{name} exited with code {code}; restart {count + 1} of {self.max_restarts} in {delay:.1f} s"
         print(f"splitrl up: {note}", file=sys.stderr, flush=True)
-        with log.open("a") as file:
-            file.write(f"---- splitrl up: {note}\n")
+        try:
+            with log.open("a") as file:
+                file.write(f"---- splitrl up: {note}\n")
+        except OSError as error:  # the note is only a note: the restart goes on
+            print(f"splitrl up: cannot note the restart in {log}: {error}", file=sys.stderr, flush=True)
         self._sleep(delay)
         try:
             self._start(name, settings, append_log=True)

@@ -90,6 +90,7 @@ def run_values(run: RunSettings, name: str, done_steps: int = 0) -> dict[str, An
     replay_chunks = replay_size(run)
     if name == "replay":
         values["max_size"] = replay_chunks
+        values["fsync"] = run.replay_fsync
         values["action_space"] = _action_space(run.env, json.dumps(run.env_kwargs, sort_keys=True))
         values["observation_shape"] = list(stored_observation_shape(run.mode == "cloud", run.network_config()))
         if run.train_every_step:
@@ -143,6 +144,7 @@ DERIVED_FROM: dict[tuple[str, str], frozenset[str]] = {
     ),
     ("inference", "max_pending_inserts"): frozenset({"train_every_step", "num_envs"}),
     ("learner", "nice"): frozenset({"learner_nice"}),
+    ("replay", "fsync"): frozenset({"replay_fsync"}),
 }
 
 
@@ -205,6 +207,10 @@ def plan(
         group = {"rank": rank, "world_size": run.learners, "rendezvous_endpoint": rendezvous}
         return group | ({} if rank == 0 else {"checkpoint_dir": None})
 
+    def replay_data(replay: str) -> dict[str, Any]:
+        """Each replay shard's own directory in the run's, unless the run keeps replay in memory."""
+        return {"data_dir": run_dir_files.replay_data_dir(run_dir, replay) if run.replay_durable else None}
+
     def shard_of(inference: str) -> dict[str, Any]:
         """Inference replica r's index and the one replay shard it writes to (core.config.shard_index)."""
         replica = instances.index(inference) - instances.index("inference")
@@ -239,6 +245,7 @@ def plan(
             **tls_values(service, run, run_dir),
             **placement[service],
             **(shard_of(name) if service == "inference" else {}),
+            **(replay_data(name) if service == "replay" else {}),
             **(learner_rank(name) if service == "learner" and run.learners > 1 else {}),
         }
         try:

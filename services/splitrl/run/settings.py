@@ -9,6 +9,7 @@ launcher behaves. `splitrl.run.plan` turns it into every service's settings. `Ev
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -101,6 +102,24 @@ class RunSettings(
     )
     max_restarts: int = Field(
         5, ge=0, description="Times a service that dies is restarted (same flags and ports) before the run gives up."
+    )
+    progress_timeout_s: float = Field(
+        600.0,
+        ge=0,
+        description="End the run (non-zero, with the reason and the stuck services' last log lines) when its env "
+        "steps or its learner updates stop growing for this many seconds; 0: never. Above the longest pause a "
+        "healthy run takes: the first update's wait for chunks_per_update chunks, one update's duration with "
+        "--train-every-step.",
+    )
+    replay_durable: bool = Field(
+        True,
+        description="Replay keeps its tables on disk under RUN_DIR/replay/ (write-ahead log and snapshots): a "
+        "restarted replay, or --resume, restores every chunk it acknowledged. --no-replay-durable: in memory only.",
+    )
+    replay_fsync: Literal["always", "never"] = Field(
+        "always",
+        description="With --replay-durable: always = each insert is fsynced before replay acknowledges it "
+        "(survives a power loss); never = written to the OS first (survives the replay's crash, not the machine's).",
     )
     tls: TlsMode = Field(
         "mtls",

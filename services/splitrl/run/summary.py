@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,21 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def extend_curve(curve: list[dict[str, float]], point: dict[str, float], run_dir: Path) -> bool:
-    """Append `point` (and log it to RUN_DIR/curve.jsonl) unless a counter went backwards: a service that just
+#: How a curve point reaches RUN_DIR/curve.jsonl: files.append_curve, or a wrapper that survives a full disk.
+SaveCurve = Callable[[Path, dict[str, float]], object]
+
+
+def extend_curve(
+    curve: list[dict[str, float]], point: dict[str, float], run_dir: Path, save: SaveCurve = files.append_curve
+) -> bool:
+    """Append `point` (and `save` it to RUN_DIR/curve.jsonl) unless a counter went backwards: a service that just
     exited took its series with it. Returns whether it was appended.
 
     return_sum is not checked: negative returns make it fall.
     """
     if not curve or all(point[key] >= curve[-1][key] for key in ("env_steps", "episodes", "updates", "wan_bytes")):
         curve.append(point)
-        files.append_curve(run_dir, point)
+        save(run_dir, point)
         return True
     return False
 
@@ -122,6 +129,7 @@ def build_summary(
     interrupted: bool,
     curve: list[dict[str, float]],
     offset: dict[str, float] | None = None,
+    save_curve: SaveCurve = files.append_curve,
 ) -> dict[str, Any]:
     """The run summary: settings, env steps, bytes / messages / elements per link, phase and payload, and each
     service's CPU and memory (`processes`), and this process's own (`supervisor`).
@@ -133,9 +141,11 @@ def build_summary(
     """
     offset = offset or files.zero_point()
     final_texts = shutdown_texts_by_service(run_dir)
+    for name, text in supervisor.last_texts().items():  # no final metrics file (a crash, a full disk): its last
+        final_texts.setdefault(name, text)  # scrape, so the summary still counts what it did
     texts = list(final_texts.values()) + supervisor.retired_texts()  # a restarted service's earlier counters too
     final = curve_point(texts) | {"seconds": round(elapsed_s, 3)}
-    extend_curve(curve, files.shifted(final, offset), run_dir)
+    extend_curve(curve, files.shifted(final, offset), run_dir, save_curve)
     steps = int(scrape.total(texts, f"{ENV_STEPS}_total"))
     links = scrape.link_counts(texts)
     wan_bytes = scrape.wan_by_phase(links)
