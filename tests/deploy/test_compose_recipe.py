@@ -46,9 +46,8 @@ def rendered(tmp_path: Path, shell: dict[str, str], files: tuple[str, ...] = ())
 def container_environment(compose: dict[str, Any], name: str) -> dict[str, str]:
     """Container NAME's variables, SPLITRL_CONFIG pointing at the host's copy of the recipe Compose mounts."""
     service = compose["services"][name]
-    (mount,) = service["configs"]
+    (mount,) = [m for m in service["configs"] if m["target"] == service["environment"]["SPLITRL_CONFIG"]]
     recipe = Path(compose["configs"][mount["source"]]["file"])
-    assert service["environment"]["SPLITRL_CONFIG"] == mount["target"]
     return dict(service["environment"]) | {"SPLITRL_CONFIG": str(recipe)}
 
 
