@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from splitrl.core.authz import Identity, role_of
+from splitrl.core.state_files import write_atomic
 
 #: Names every certificate also holds, so a service is reachable on loopback under its own certificate.
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -94,17 +94,12 @@ def _holders(hosts: Sequence[str], edges: Sequence[str], dns_suffixes: Sequence[
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    _replace(path, pem, 0o600)  # owner-only from the first byte
+    _write(path, pem, 0o600)  # owner-only from the first byte
 
 
-def _replace(path: Path, data: bytes, mode: int) -> None:
-    """Write `data` to `path` whole or not at all (a temporary file renamed over it): a service re-reading a
-    renewed file never sees half of it."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    temporary.replace(path)
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Whole or not at all (state_files.write_atomic): a service re-reading a renewed file never sees half."""
+    write_atomic(path, lambda file: file.write(data), durable=False, mode=mode)
 
 
 def generate(
@@ -163,7 +158,7 @@ def generate(
         )
         pair = (out / f"{holder.stem}.pem", out / f"{holder.stem}-key.pem")
         _write_key(pair[1], key)  # the key first: a running server re-reads the pair once the certificate changes
-        _replace(pair[0], cert.public_bytes(serialization.Encoding.PEM), 0o644)
+        _write(pair[0], cert.public_bytes(serialization.Encoding.PEM), 0o644)
         pki.pairs[holder.stem] = pair
     return pki
 
@@ -184,7 +179,7 @@ def _new_ca(
         .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
-    _replace(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
+    _write(pki.ca, ca_cert.public_bytes(serialization.Encoding.PEM), 0o644)
     _write_key(pki.ca_key, ca_key)
     return ca_cert, ca_key
 

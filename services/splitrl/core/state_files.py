@@ -57,12 +57,13 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], object], *, durable: bool = True) -> None:
-    """Replace `path` by what `write` writes, atomically (module docstring); `durable`: fsync file and directory."""
+def write_atomic(path: Path, write: Callable[[IO[bytes]], object], *, durable: bool = True, mode: int = 0o644) -> None:
+    """Replace `path` by what `write` writes, atomically (module docstring); `durable`: fsync file and directory.
+    `mode`: the new file's permissions (before the umask), from its first byte (0o600 for a private key)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
-        with tmp.open("wb") as file:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as file:
             write(file)
             file.flush()
             if durable:
