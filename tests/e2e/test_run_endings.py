@@ -3,6 +3,7 @@ service, state files that fail their checks; and replay under `up` keeping what 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -68,13 +69,18 @@ def test_replay_under_up_keeps_what_it_acknowledged_over_a_sigkill(tmp_path):
 def test_a_stuck_service_ends_up_non_zero_with_the_reason_and_its_log(tmp_path):
     run_dir = tmp_path / "run"
     up = start_up(run_dir, *ENDLESS, "--progress-timeout-s", "4")
+    stopped = None
     try:
         wait_for_updates(run_dir, 1)
-        os.kill(service_pid(run_dir, "inference"), signal.SIGSTOP)  # alive, holding its streams, doing nothing
+        stopped = service_pid(run_dir, "inference")
+        os.kill(stopped, signal.SIGSTOP)  # alive, holding its streams, doing nothing
         _, err = finish(up)
     finally:
         if up.poll() is None:
             up.kill()
+        if stopped is not None:  # a stopped process acts on no signal but SIGKILL: none is left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGKILL)
     assert up.returncode == 1, err
     assert "stayed at" in err and "(--progress-timeout-s 4)" in err
     assert "not answering /metrics: inference" in err and "the end of logs/inference.log:" in err
@@ -85,6 +91,7 @@ def test_a_stuck_service_ends_up_non_zero_with_the_reason_and_its_log(tmp_path):
 def test_a_learner_whose_checkpoints_all_fail_their_checks_ends_the_run_with_their_names(tmp_path):
     run_dir = tmp_path / "run"
     up = start_up(run_dir, *ENDLESS)
+    pid = None
     try:
         wait_for_updates(run_dir, 1)
         pid = service_pid(run_dir, "learner")
@@ -99,6 +106,9 @@ def test_a_learner_whose_checkpoints_all_fail_their_checks_ends_the_run_with_the
     finally:
         if up.poll() is None:
             up.kill()
+        if pid is not None:  # stopped, it would act on no signal but SIGKILL
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert up.returncode == 1, err
     assert "learner exited with code 65: it refused its state files" in err
     assert f"refusing to start: no good checkpoint of {learner_pt}" in err  # the learner's line, from its log
