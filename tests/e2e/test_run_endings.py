@@ -66,6 +66,15 @@ def test_replay_under_up_keeps_what_it_acknowledged_over_a_sigkill(tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["end"]["reason"] == "interrupted"
 
 
+def kill_if_stopped(pid: int) -> None:
+    """SIGKILL `pid` if it is still a process stopped by the test: a stopped process acts on no other signal, and
+    a failing test would leave it behind."""
+    with contextlib.suppress(OSError, IndexError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_stuck_service_ends_up_non_zero_with_the_reason_and_its_log(tmp_path):
     run_dir = tmp_path / "run"
     up = start_up(run_dir, *ENDLESS, "--progress-timeout-s", "4")
@@ -78,9 +87,8 @@ def test_a_stuck_service_ends_up_non_zero_with_the_reason_and_its_log(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
-        if stopped is not None:  # a stopped process acts on no signal but SIGKILL: none is left behind
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(stopped, signal.SIGKILL)
+        if stopped is not None:
+            kill_if_stopped(stopped)
     assert up.returncode == 1, err
     assert "stayed at" in err and "(--progress-timeout-s 4)" in err
     assert "not answering /metrics: inference" in err and "the end of logs/inference.log:" in err
@@ -102,13 +110,13 @@ def test_a_learner_whose_checkpoints_all_fail_their_checks_ends_the_run_with_the
         for older in (run_dir / "checkpoints").glob("learner.*.pt"):
             older.unlink()
         os.kill(pid, signal.SIGKILL)
+        pid = None
         _, err = finish(up)
     finally:
         if up.poll() is None:
             up.kill()
-        if pid is not None:  # stopped, it would act on no signal but SIGKILL
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if pid is not None:
+            kill_if_stopped(pid)
     assert up.returncode == 1, err
     assert "learner exited with code 65: it refused its state files" in err
     assert f"refusing to start: no good checkpoint of {learner_pt}" in err  # the learner's line, from its log
