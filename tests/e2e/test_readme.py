@@ -1,10 +1,11 @@
-"""README's and the docs' commands run as written: the first run (and that it learns), the scaled-out run and
-the one-by-one services example (docs/how-to), `certs`, `plot` and `report`, and every `--help` README points
-to. Every other command README and the docs pages give (RECORD_PAGES; the benchmark reports under
-docs/results/data are the benches' output, not pages of commands) parses and validates."""
+"""README's and the docs' commands run as written: the first run (and that it learns, under attack), the
+scaled-out run and the one-by-one services example (docs/how-to), `certs`, `plot` and `report`, and every
+`--help` README points to. Every other command README and the docs pages give (RECORD_PAGES; the benchmark
+reports under docs/results/data are the benches' output, not pages of commands) parses and validates."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -22,6 +23,7 @@ import pytest
 
 from splitrl.core.ports import bind_error
 from splitrl.run.summary import mean_return_between
+from tests.e2e import attacks
 
 pytestmark = pytest.mark.e2e
 
@@ -68,13 +70,35 @@ def shell(command: str, cwd: Path, timeout: float) -> subprocess.CompletedProces
 
 
 @pytest.mark.timeout(900)
-def test_the_first_run_learns_catch_and_its_plot_and_report_commands_run(tmp_path):
-    """Quick start's run command, as written (plus --run-dir), from random play to >= +0.8."""
+def test_the_first_run_learns_catch_under_attack_and_its_plot_and_report_commands_run(tmp_path):
+    """Quick start's run command, as written (plus --run-dir), from random play to >= +0.8, while an edge's
+    certificate tries the cloud's calls and authorised peers send poisonous content (tests/e2e/attacks.py):
+    every attempt is refused with its reason, and the run finishes and learns all the same."""
     [run_command] = [line for line in bash_block_after("## Quick start").splitlines() if "splitrl up" in line]
+    [recipe] = re.findall(r"--config (\S+)", run_command)
     run_dir = tmp_path / "first-run"
-    result = shell(f"{run_command.split('#')[0]} --run-dir {run_dir}", cwd=REPO, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    environment = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    up = subprocess.Popen(
+        ["bash", "-e", "-c", f"{run_command.split('#')[0]} --run-dir {run_dir}"],
+        cwd=REPO,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        attacks.wait_for([run_dir / "replay.ports.json", run_dir / "inference.ports.json"], up)
+        refusals = asyncio.run(attacks.attack(run_dir, REPO / recipe))
+        stdout, stderr = up.communicate(timeout=600)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert refusals == attacks.EXPECTED
+    logs = {path.stem: path.read_text() for path in (run_dir / "logs").glob("*.log")}
+    assert "PERMISSION_DENIED" in logs["replay"] and "PERMISSION_DENIED" in logs["inference"]
     summary = json.loads((run_dir / "summary.json").read_text())
+    assert set(summary["exit_codes"].values()) == {0}
     steps = summary["env_steps"]
     first, _ = mean_return_between(summary["curve"], 0, steps // 10)
     last, last_episodes = mean_return_between(summary["curve"], int(0.8 * steps), steps)
